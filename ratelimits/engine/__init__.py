@@ -1,0 +1,17 @@
+"""The framework-free rate-limit engine: value types and the Redis and in-process backends."""
+
+from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.memory import MemoryEngine
+from ratelimits.engine.redis_backend import RedisEngine
+from ratelimits.engine.types import ALGORITHMS, Decision, Limit, Result
+
+__all__ = [
+    "ALGORITHMS",
+    "Decision",
+    "EngineError",
+    "EngineUnavailable",
+    "Limit",
+    "MemoryEngine",
+    "RedisEngine",
+    "Result",
+]

@@ -1,0 +1,54 @@
+-- Entry point: check every limit, then charge only if every enforced limit admits.
+-- ARGV: now_us ('' = server time), token, version key ('' = none), stats prefix
+-- ('' = no counters), then per limit: algorithm, limit, period_us, burst, cost,
+-- shadow (0/1), name. KEYS: one base key per limit.
+-- Returns {version, admitted, now_us, then per limit: allowed, remaining, reset_after,
+-- retry_after, delay, charged}.
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local token, version_key, stats = ARGV[2], ARGV[3], ARGV[4]
+local n = #KEYS
+local checks, admitted = {}, 1
+for i = 1, n do
+  local o = 4 + (i - 1) * 7
+  local r = check(ARGV[o + 1], KEYS[i], now, tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
+    tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5]))
+  checks[i] = r
+  if r[1] == 0 and ARGV[o + 6] == '0' then admitted = 0 end
+end
+local version = 0
+if version_key ~= '' then version = tonumber(redis.call('GET', version_key)) or 0 end
+local out = {version, admitted, now}
+local minute = fmt(math.floor(now / 60000000))
+for i = 1, n do
+  local o = 4 + (i - 1) * 7
+  local r = checks[i]
+  local c = tonumber(ARGV[o + 5])
+  local charged = 0
+  local field
+  if r[1] == 1 and admitted == 1 then
+    commit(ARGV[o + 1], KEYS[i], now, tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
+      tonumber(ARGV[o + 4]), c, r, token)
+    charged = 1
+    field = 'a'
+  elseif r[1] == 1 then
+    r[2] = r[2] + c  -- not charged: the units it would have taken are still there
+    field = 'o'
+  elseif ARGV[o + 6] == '1' then
+    field = 'w'
+  else
+    field = 'r'
+  end
+  if stats ~= '' and ARGV[o + 7] ~= '' then
+    local sk = stats .. ARGV[o + 7] .. ':' .. minute
+    -- a new field (first of its key, or first of its kind) sets the expiry; others skip it
+    if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, 90000) end
+  end
+  local j = #out
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =
+    r[1], r[2], r[3], r[4], r[5], charged
+end
+return out

@@ -1,0 +1,15 @@
+-- Generic cell rate algorithm: one theoretical arrival time per key; a request may
+-- arrive up to B emission intervals early.
+--[[check]]
+local T = P / L
+local tat = tonumber(redis.call('GET', key)) or now
+if tat < now then tat = now end
+local new = tat + c * T
+local allow_at = new - B * T
+if now + EPS >= allow_at then
+  return {1, floor0((now - allow_at) / T), math.ceil(new - now), 0, 0, new}
+end
+return {0, floor0((B * T - (tat - now)) / T), math.ceil(tat - now),
+        math.ceil(allow_at - now), 0}
+--[[commit]]
+redis.call('SET', key, fmt(r[6]), 'PX', ttl_ms(r[3]))

@@ -1,0 +1,27 @@
+-- Two aligned counters; the previous window counts in proportion to its overlap with
+-- the sliding period ending now.
+--[[check]]
+local win = math.floor(now / P)
+local elapsed = now - win * P
+local k = key .. ':' .. fmt(win)
+local cur = tonumber(redis.call('GET', k)) or 0
+local prev = tonumber(redis.call('GET', key .. ':' .. fmt(win - 1))) or 0
+local est = prev * (P - elapsed) / P + cur
+if est + c <= L + TOKEN_EPS then
+  return {1, floor0(L - est - c), 2 * P - elapsed, 0, 0, k, elapsed}
+end
+local retry
+if cur + c <= L then
+  -- wait until the previous window's share has shrunk enough
+  retry = math.ceil(P - (L - cur - c) * P / prev - elapsed)
+else
+  -- wait into the next window, where this window's count becomes the weighted one
+  retry = math.ceil(P - elapsed + P - (L - c) * P / cur)
+end
+if retry < 1 then retry = 1 end
+local reset = P - elapsed
+if cur > 0 then reset = 2 * P - elapsed end
+return {0, floor0(L - est), reset, retry, 0}
+--[[commit]]
+redis.call('INCRBY', r[6], c)
+redis.call('PEXPIRE', r[6], ttl_ms(2 * P - r[7]))

@@ -1,0 +1,19 @@
+-- Tokens refill at L per P up to B; a request takes `cost` tokens.
+--[[check]]
+local s = redis.call('HMGET', key, 't', 'ts')
+local tokens, ts = B, now
+if s[1] then
+  tokens, ts = tonumber(s[1]), tonumber(s[2])
+  if now > ts then
+    tokens = math.min(B, tokens + (now - ts) * L / P)
+    ts = now
+  end
+end
+if tokens + TOKEN_EPS >= c then
+  local after = tokens - c
+  return {1, floor0(after), math.ceil((B - after) * P / L), 0, 0, after, ts}
+end
+return {0, floor0(tokens), math.ceil((B - tokens) * P / L), math.ceil((c - tokens) * P / L), 0}
+--[[commit]]
+redis.call('HSET', key, 't', fmt(r[6]), 'ts', fmt(r[7]))
+redis.call('PEXPIRE', key, ttl_ms(r[3]))

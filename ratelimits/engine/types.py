@@ -1,0 +1,116 @@
+"""Value types shared by every engine backend: what to check and what was decided."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALGORITHMS: tuple[str, ...] = (
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "leaky_bucket",
+    "gcra",
+    "concurrency",
+)
+
+#: Algorithms whose capacity is `burst` rather than `limit`.
+BURST_ALGORITHMS: frozenset[str] = frozenset({"token_bucket", "leaky_bucket", "gcra"})
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One rate limit to check for one client.
+
+    `name` identifies the policy (it namespaces the stored state and the per-minute
+    counters); `key` identifies the client within it (IP, user id, header value ...).
+    Both are hashed into fixed-length key parts, so any content and length is safe.
+    """
+
+    key: str
+    algorithm: str
+    limit: int
+    period: float
+    burst: int | None = None
+    cost: int = 1
+    shadow: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALGORITHMS)}"
+            )
+        if not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit <= 0:
+            raise ValueError(f"limit must be a positive integer, got {self.limit!r}")
+        if not self.period > 0:
+            raise ValueError(f"period must be a positive number of seconds, got {self.period!r}")
+        if not isinstance(self.cost, int) or isinstance(self.cost, bool) or self.cost < 1:
+            raise ValueError(f"cost must be an integer of at least 1, got {self.cost!r}")
+        if self.burst is not None:
+            if self.algorithm not in BURST_ALGORITHMS:
+                raise ValueError(
+                    f"burst applies only to {', '.join(sorted(BURST_ALGORITHMS))}, "
+                    f"not to {self.algorithm}"
+                )
+            if not isinstance(self.burst, int) or isinstance(self.burst, bool) or self.burst < 0:
+                raise ValueError(f"burst must be a non-negative integer, got {self.burst!r}")
+        if self.cost > self.capacity:
+            raise ValueError(
+                f"cost {self.cost} exceeds the capacity {self.capacity} of this limit: "
+                "no request could ever pass; lower the cost or raise the limit/burst"
+            )
+
+    @property
+    def capacity(self) -> int:
+        """Units one client may consume at once: `burst` for buckets, else `limit`.
+
+        A leaky bucket's queue defaults to 0 (no queueing), but it always lets one
+        request through on an empty bucket, so its capacity is `limit` when burst is 0.
+        """
+        if self.algorithm in BURST_ALGORITHMS:
+            if self.algorithm == "leaky_bucket":
+                return max(self.burst or 0, self.limit)
+            return self.burst if self.burst is not None else self.limit
+        return self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one limit said about one request.
+
+    `remaining`: units left after this request; `reset_after`: seconds until the limit
+    is fully reset; `retry_after`: seconds until a rejected request could pass (0 when
+    allowed); `delay`: seconds an admitted request should wait (leaky bucket only).
+    """
+
+    limit: Limit
+    allowed: bool
+    remaining: int
+    reset_after: float
+    retry_after: float
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one request against all of its limits."""
+
+    allowed: bool
+    results: tuple[Result, ...]
+    retry_after: float = 0.0
+    delay: float = 0.0
+    #: The policy version stored beside the counters, when the caller asked for it.
+    version: int | None = None
+    #: Identifies the concurrency slots this request holds, for `engine.release()`.
+    token: str | None = field(default=None, compare=False)
+
+    @property
+    def rejected_by(self) -> tuple[Result, ...]:
+        """Enforced results that refused the request."""
+        return tuple(r for r in self.results if not r.allowed and not r.limit.shadow)
+
+    @property
+    def would_reject(self) -> tuple[Result, ...]:
+        """Shadow results that would have refused the request."""
+        return tuple(r for r in self.results if not r.allowed and r.limit.shadow)

@@ -1,0 +1,79 @@
+"""Start and stop private redis-server processes for tests that need their own server."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server on a free loopback port, killed and cleaned up by `stop()`."""
+
+    port: int = field(default_factory=free_port)
+    extra_args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    workdir: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisProcess:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "no Redis answers and redis-server is not installed: "
+                "set REDIS_URL or install redis-server (apt-get install redis-server)"
+            )
+        if not self.workdir:
+            self.workdir = tempfile.mkdtemp(prefix="ratelimits-redis-")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.workdir,
+                *self.extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not start in {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = ""
