@@ -1,0 +1,89 @@
+"""Random request sequences at explicit times: both backends must decide identically."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine
+from tests.engine.conftest import T0
+
+_run = itertools.count()
+
+
+@st.composite
+def limits(draw):
+    algorithm = draw(st.sampled_from(ALGORITHMS))
+    limit = draw(st.integers(1, 20))
+    period = draw(st.sampled_from([0.5, 1, 7, 60, 3600]))
+    burst = None
+    if algorithm in ("token_bucket", "gcra", "leaky_bucket") and draw(st.booleans()):
+        burst = draw(st.integers(1 if algorithm != "leaky_bucket" else 0, 25))
+    shadow = draw(st.booleans())
+    return Limit("k", algorithm, limit, period, burst=burst, shadow=shadow)
+
+
+@st.composite
+def scenarios(draw):
+    chosen = draw(st.lists(limits(), min_size=1, max_size=3))
+    capacity = min(lim.capacity for lim in chosen)
+    steps = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from([0, 0, 1e-6, 0.001, 0.05, 0.3, 1, 5, 61]),
+                st.integers(1, max(1, min(capacity, 3))),
+                st.booleans(),  # release the concurrency slots afterwards
+            ),
+            min_size=1,
+            max_size=40,
+        )
+    )
+    return chosen, steps
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(scenario=scenarios())
+def test_redis_and_memory_engines_agree(redis_client, scenario):
+    chosen, steps = scenario
+    run = next(_run)
+    chosen = [
+        Limit(
+            lim.key,
+            lim.algorithm,
+            lim.limit,
+            lim.period,
+            burst=lim.burst,
+            shadow=lim.shadow,
+            name=f"r{run}-{i}",
+        )
+        for i, lim in enumerate(chosen)
+    ]
+    redis_engine, memory_engine = RedisEngine(redis_client), MemoryEngine()
+    now = T0
+    for dt, cost, release in steps:
+        now += dt
+        batch = [
+            Limit(
+                lim.key,
+                lim.algorithm,
+                lim.limit,
+                lim.period,
+                burst=lim.burst,
+                cost=min(cost, lim.capacity),
+                shadow=lim.shadow,
+                name=lim.name,
+            )
+            for lim in chosen
+        ]
+        a = redis_engine.evaluate(batch, now=now)
+        b = memory_engine.evaluate(batch, now=now)
+        assert a.allowed == b.allowed
+        assert a.results == b.results
+        assert (a.retry_after, a.delay) == (b.retry_after, b.delay)
+        if release:
+            redis_engine.release(a)
+            memory_engine.release(b)

@@ -1,0 +1,102 @@
+"""What only the Redis backend does: keys, TTLs, scripts, server time, round trips."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine
+from tests.engine.conftest import T0
+
+KEY = re.compile(r"^rl:\{[A-Za-z0-9_-]{16}\}:[a-z]{1,2}(:\d+)?$")
+
+
+def limit_for(algorithm: str, key: str = "client", **kwargs) -> Limit:
+    return Limit(key, algorithm, 5, 60, name="p", **kwargs)
+
+
+@pytest.fixture
+def engine(redis_client):
+    return RedisEngine(redis_client, version_key="rl:version")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_key_has_a_ttl_no_longer_than_needed(engine, redis_client, algorithm):
+    engine.evaluate([limit_for(algorithm)])
+    keys = [k.decode() for k in redis_client.keys("rl:{*")]
+    assert keys
+    for key in keys:
+        assert KEY.match(key), key
+        ttl = redis_client.pttl(key)
+        # two periods at most: the sliding window keeps the previous window's count
+        assert 0 < ttl <= 120_000, (key, ttl)
+
+
+def test_stats_keys_expire_after_a_day(engine, redis_client):
+    engine.evaluate([limit_for("gcra")])
+    (key,) = redis_client.keys("rl:s:*")
+    assert 24 * 3600 < redis_client.ttl(key) <= 25 * 3600
+
+
+@pytest.mark.parametrize(
+    "client_key",
+    ["x" * 1_000_000, "\x00\x01\n\r", "caf\u00e9 \U0001f600", "\udcff invalid utf-8", ""],
+)
+def test_any_client_key_becomes_one_fixed_length_key(engine, redis_client, client_key):
+    decision = engine.evaluate([limit_for("fixed_window", client_key)])
+    assert decision.allowed
+    (key,) = redis_client.keys("rl:{*")
+    assert KEY.match(key.decode()) and len(key) < 40
+
+
+def test_limits_of_one_policy_and_client_share_a_hash_slot(engine, redis_client):
+    engine.evaluate([limit_for("sliding_window")], now=T0)
+    engine.evaluate([limit_for("sliding_window")], now=T0 + 60)
+    keys = redis_client.keys("rl:{*")
+    assert len(keys) == 2
+    assert len({k.split(b"}")[0] for k in keys}) == 1
+
+
+def test_time_comes_from_the_server(engine, redis_client):
+    decision = engine.evaluate([Limit("c", "fixed_window", 1, 3600)])
+    server_now = redis_client.time()[0]
+    assert 0 < decision.results[0].reset_after <= 3600
+    expected = 3600 - server_now % 3600
+    assert abs(decision.results[0].reset_after - expected) <= 2
+    assert abs(server_now - time.time()) < 5
+
+
+def test_script_flush_is_survived(engine, redis_client):
+    limit = limit_for("sliding_log")
+    assert engine.evaluate([limit], now=T0).results[0].remaining == 4
+    redis_client.script_flush()
+    assert engine.evaluate([limit], now=T0).results[0].remaining == 3
+
+
+def test_one_round_trip_for_any_number_of_limits(private_redis):
+    redis_client = redis.Redis.from_url(private_redis.url)
+    engine = RedisEngine(redis_client, version_key="rl:version")
+    limits = [Limit(f"c{i}", a, 5, 60, name=f"p{i}") for i, a in enumerate(ALGORITHMS * 3)]
+    engine.evaluate(limits, now=T0)  # loads the script
+    before = redis_client.info("commandstats")
+    for _ in range(10):
+        engine.evaluate(limits, now=T0)
+    after = redis_client.info("commandstats")
+
+    def calls(stats, name):
+        return stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+
+    assert calls(after, "evalsha") - calls(before, "evalsha") == 10
+    assert calls(after, "eval") == calls(before, "eval")
+
+
+def test_an_unreachable_server_raises_engine_unavailable():
+    client = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    engine = RedisEngine(client)
+    with pytest.raises(EngineUnavailable):
+        engine.evaluate([limit_for("gcra")])

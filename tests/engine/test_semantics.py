@@ -1,0 +1,154 @@
+"""Decision semantics shared by both backends: all-or-nothing charging, shadow, cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratelimits.engine import ALGORITHMS, Limit
+from tests.engine.conftest import T0
+
+
+def remaining(engine, limit: Limit, at: float) -> int:
+    """What a limit has left, read by a probe that is never charged (a failing partner)."""
+    blocker = Limit("probe", "fixed_window", 1, 3600, name="blocker")
+    engine.evaluate([blocker], now=at)  # use up the blocker
+    decision = engine.evaluate([limit, blocker], now=at)
+    assert not decision.allowed
+    return decision.results[0].remaining
+
+
+def test_admitted_request_charges_every_limit(engine):
+    a = Limit("c", "fixed_window", 5, 60, name="a")
+    b = Limit("c", "sliding_log", 3, 60, name="b")
+    decision = engine.evaluate([a, b], now=T0)
+    assert decision.allowed
+    assert [r.remaining for r in decision.results] == [4, 2]
+
+
+def test_rejected_request_charges_none(engine):
+    wide = Limit("c", "fixed_window", 5, 60, name="wide")
+    narrow = Limit("c", "gcra", 2, 60, name="narrow")
+    for _ in range(2):
+        assert engine.evaluate([wide, narrow], now=T0).allowed
+    for _ in range(3):
+        decision = engine.evaluate([wide, narrow], now=T0)
+        assert not decision.allowed
+        assert decision.rejected_by == (decision.results[1],)
+        # the wide limit admitted but was not charged: it still has 3 of 5
+        assert decision.results[0].allowed and decision.results[0].remaining == 3
+    assert engine.evaluate([wide], now=T0).results[0].remaining == 2
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
+def test_rejected_requests_do_not_extend_the_wait(engine, algorithm):
+    """A client that keeps retrying recovers: rejections are never recorded."""
+    limit = Limit("c", algorithm, 2, 10, burst=1 if algorithm == "leaky_bucket" else None)
+    assert engine.evaluate([limit], now=T0).allowed
+    assert engine.evaluate([limit], now=T0).allowed
+    first = engine.evaluate([limit], now=T0 + 1)
+    assert not first.allowed
+    for step in range(1, 50):
+        engine.evaluate([limit], now=T0 + 1 + step * 0.01)
+    assert engine.evaluate([limit], now=T0 + 1 + first.retry_after).allowed
+
+
+def test_shadow_limit_reports_but_never_blocks(engine):
+    enforced = Limit("c", "fixed_window", 10, 60, name="enforced")
+    shadow = Limit("c", "fixed_window", 1, 60, shadow=True, name="shadow")
+    assert engine.evaluate([enforced, shadow], now=T0).allowed
+    decision = engine.evaluate([enforced, shadow], now=T0)
+    assert decision.allowed
+    assert decision.retry_after == 0
+    assert decision.would_reject == (decision.results[1],)
+    assert decision.results[1].retry_after > 0
+    # the enforced limit was charged twice, the shadow one once (its rejection charged nothing)
+    assert decision.results[0].remaining == 8
+    assert remaining(engine, shadow, T0) == 0
+
+
+def test_shadow_and_enforced_rule_keep_their_own_counts(engine):
+    """The same rule running enforced and in shadow: separate names, separate state."""
+    enforced = Limit("c", "sliding_window", 3, 60, name="login")
+    shadow = Limit("c", "sliding_window", 2, 60, shadow=True, name="login-strict")
+    outcomes = [engine.evaluate([enforced, shadow], now=T0) for _ in range(4)]
+    assert [d.allowed for d in outcomes] == [True, True, True, False]
+    assert [d.results[1].allowed for d in outcomes] == [True, True, False, False]
+
+
+def test_decision_retry_after_is_the_longest_enforced_wait(engine):
+    short = Limit("c", "fixed_window", 1, 10, name="short")
+    long = Limit("c", "fixed_window", 1, 60, name="long")
+    assert engine.evaluate([short, long], now=T0).allowed
+    decision = engine.evaluate([short, long], now=T0 + 1)
+    assert not decision.allowed
+    assert decision.retry_after == pytest.approx(59.0)
+
+
+def test_cost_counts_units(engine):
+    limit = Limit("c", "sliding_log", 10, 60, cost=3)
+    assert [engine.evaluate([limit], now=T0).results[0].remaining for _ in range(3)] == [7, 4, 1]
+    decision = engine.evaluate([limit], now=T0)
+    assert not decision.allowed and decision.results[0].remaining == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"algorithm": "fixed_window", "limit": 5, "cost": 6}, "exceeds the capacity 5"),
+        ({"algorithm": "token_bucket", "limit": 50, "burst": 5, "cost": 6}, "capacity 5"),
+        ({"algorithm": "gcra", "limit": 10, "burst": 0}, "capacity 0"),
+    ],
+)
+def test_cost_above_capacity_is_refused_up_front(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Limit("c", period=60, **kwargs)
+
+
+def test_no_limits_is_admitted_and_reports_the_version(engine):
+    decision = engine.evaluate([], now=T0)
+    assert decision.allowed and decision.results == () and decision.version == 0
+    assert engine.bump_version() == 1
+    assert engine.evaluate([], now=T0).version == 1
+
+
+def test_concurrency_release_frees_the_slot(engine):
+    limit = Limit("c", "concurrency", 1, 30)
+    held = engine.evaluate([limit], now=T0)
+    assert held.allowed and held.token
+    assert not engine.evaluate([limit], now=T0 + 1).allowed
+    engine.release(held)
+    engine.release(held)  # idempotent
+    assert engine.evaluate([limit], now=T0 + 2).allowed
+
+
+def test_rejected_concurrency_request_holds_nothing(engine):
+    limit = Limit("c", "concurrency", 1, 30)
+    assert engine.evaluate([limit], now=T0).allowed
+    rejected = engine.evaluate([limit], now=T0)
+    assert rejected.token is None
+
+
+def test_counters_per_policy_and_minute(engine):
+    enforced = Limit("c", "fixed_window", 2, 60, name="api")
+    shadow = Limit("c", "fixed_window", 1, 60, shadow=True, name="api-shadow")
+    for _ in range(4):
+        engine.evaluate([enforced, shadow], now=T0 + 5)
+    minute = int((T0 + 5) // 60)
+    assert engine.counters("api", minute) == {"a": 2, "r": 2}
+    # first admitted, then would-reject twice while the enforced limit admitted, then the
+    # request was refused by the enforced limit: shadow still would-reject (not charged)
+    assert engine.counters("api-shadow", minute) == {"a": 1, "w": 3}
+    assert engine.counters("api", minute + 1) == {}
+
+
+def test_different_clients_and_policies_do_not_share_state(engine):
+    for key, name in [("a", "p"), ("b", "p"), ("a", "q")]:
+        assert engine.evaluate([Limit(key, "fixed_window", 1, 60, name=name)], now=T0).allowed
+
+
+def test_reset_forgets_one_client(engine):
+    limit = Limit("c", "fixed_window", 1, 60, name="p")
+    assert engine.evaluate([limit], now=T0).allowed
+    assert not engine.evaluate([limit], now=T0).allowed
+    engine.reset(limit, now=T0)
+    assert engine.evaluate([limit], now=T0).allowed
