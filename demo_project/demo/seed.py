@@ -1,0 +1,36 @@
+"""The example policies the demo starts with: one enforced, one in shadow, one DRF scope."""
+
+EXAMPLE_POLICIES = [
+    {
+        "name": "hello-per-ip",
+        "description": "Enforced: 5 requests a minute per client IP on /hello/.",
+        "mode": "enforce",
+        "algorithm": "sliding_window",
+        "limit": 5,
+        "period": 60,
+        "key": "ip",
+        "path": "/hello/",
+    },
+    {
+        "name": "search-shadow",
+        "description": "Shadow: logs what 3 searches per 10 seconds per IP would refuse.",
+        "mode": "shadow",
+        "algorithm": "sliding_log",
+        "limit": 3,
+        "period": 10,
+        "key": "ip",
+        "path": "/search/",
+    },
+    {
+        "name": "items-api",
+        "description": "DRF scope 'items': bursts of 5, then 10 per minute per user or IP.",
+        "mode": "enforce",
+        "algorithm": "token_bucket",
+        "limit": 10,
+        "period": 60,
+        "burst": 5,
+        "key": "user_or_ip",
+        "path": "*",
+        "scope": "items",
+    },
+]

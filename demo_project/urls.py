@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import path
+
+from demo_project.demo import views
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("hello/", views.hello, name="hello"),
+    path("search/", views.search, name="search"),
+    path("slow/", views.slow, name="slow"),
+    path("api/items/", views.ItemList.as_view(), name="items"),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,106 @@
+"""System checks for what users get wrong when installing ratelimits.
+
+ratelimits.E001  RATELIMITS has an unknown key or a bad value
+ratelimits.E002  RateLimitMiddleware is listed before AuthenticationMiddleware
+ratelimits.E003  RATELIMITS["CACHE"] names an alias that is not in CACHES
+ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
+ratelimits.W001  the cache is not Redis: limits are per process, not shared
+ratelimits.W002  neither the middleware nor the DRF throttle is installed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+MIDDLEWARE = "ratelimits.middleware.RateLimitMiddleware"
+THROTTLE = "ratelimits.throttling.PolicyThrottle"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from ratelimits.conf import build_config
+    from ratelimits.store import cache_backend, is_redis_backend
+
+    try:
+        config = build_config(getattr(settings, "RATELIMITS", None))
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Fix RATELIMITS in your settings; see docs/django.md for every key.",
+                id="ratelimits.E001",
+            )
+        ]
+    messages: list[checks.CheckMessage] = []
+    for name in ("REJECT_VIEW", "EXEMPT"):
+        if config[name]:
+            try:
+                import_string(config[name])
+            except ImportError as exc:
+                messages.append(
+                    checks.Error(
+                        f"RATELIMITS[{name!r}] = {config[name]!r} cannot be imported: {exc}",
+                        hint="Give the dotted path of a function, e.g. 'myapp.views.too_many'.",
+                        id="ratelimits.E004",
+                    )
+                )
+    alias = config["CACHE"]
+    backend = cache_backend(alias)
+    if backend is None:
+        messages.append(
+            checks.Error(
+                f"RATELIMITS['CACHE'] is {alias!r}, which is not an alias in CACHES.",
+                hint="Name one of your CACHES aliases, ideally a django-redis one.",
+                id="ratelimits.E003",
+            )
+        )
+    elif not is_redis_backend(backend):
+        messages.append(
+            checks.Warning(
+                f"The cache {alias!r} ({backend}) is not Redis: rate limits are kept in each "
+                "process, so every worker counts on its own and limits multiply.",
+                hint="Point RATELIMITS['CACHE'] at a django-redis (or Django RedisCache) alias "
+                "for limits shared by every process; fine for development.",
+                id="ratelimits.W001",
+            )
+        )
+    return messages
+
+
+@checks.register()
+def check_installation(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
+    messages: list[checks.CheckMessage] = []
+    if (
+        MIDDLEWARE in middleware
+        and AUTH_MIDDLEWARE in middleware
+        and middleware.index(MIDDLEWARE) < middleware.index(AUTH_MIDDLEWARE)
+    ):
+        messages.append(
+            checks.Error(
+                f"{MIDDLEWARE} comes before {AUTH_MIDDLEWARE}: policies keyed on the "
+                "user would see every request as anonymous.",
+                hint=f"Move {MIDDLEWARE} below {AUTH_MIDDLEWARE} in MIDDLEWARE.",
+                id="ratelimits.E002",
+            )
+        )
+    rest = getattr(settings, "REST_FRAMEWORK", None) or {}
+    throttles = list(rest.get("DEFAULT_THROTTLE_CLASSES", ()) or ())
+    if MIDDLEWARE not in middleware and THROTTLE not in throttles:
+        messages.append(
+            checks.Warning(
+                "ratelimits is installed but neither its middleware nor its DRF throttle is: "
+                "no policy is applied.",
+                hint=f"Add {MIDDLEWARE!r} to MIDDLEWARE, or {THROTTLE!r} to "
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']; silence ratelimits.W002 if you "
+                "set throttle_classes on each view.",
+                id="ratelimits.W002",
+            )
+        )
+    return messages

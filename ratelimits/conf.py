@@ -1,0 +1,163 @@
+"""The `RATELIMITS` settings dict: defaults, validation and one cached accessor.
+
+Every setting is one row of `SETTINGS`: its default and a function that checks (and may
+normalise) the value, raising `ValueError` with a message that says what to fix. Adding
+a setting is adding a row. The accessor is cleared on `setting_changed`, so
+`override_settings` works; settings are never read at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+HEADER_STYLES = ("ietf", "legacy", "both", "none")
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be True or False, got {value!r}")
+    return value
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _optional_dotted_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or "." not in value:
+        raise ValueError(f"must be a dotted import path such as 'myapp.views.f', got {value!r}")
+    return value
+
+
+def _header_style(value: Any) -> str:
+    if value not in HEADER_STYLES:
+        raise ValueError(f"must be one of {', '.join(HEADER_STYLES)}, got {value!r}")
+    return str(value)
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be zero or a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _ipv6_prefix(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 128:
+        raise ValueError(f"must be an integer prefix length from 1 to 128, got {value!r}")
+    return value
+
+
+def _trusted_proxies(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValueError(f"must be a list of IP addresses or CIDRs, got {value!r}")
+    if not value:
+        return ()
+    from ratelimits.identity import parse_trusted_proxies
+
+    return tuple(parse_trusted_proxies(value))
+
+
+def _timeout(value: Any) -> float:
+    seconds = _seconds(value)
+    if not 0 < seconds <= 60:
+        raise ValueError(f"must be more than 0 and at most 60 seconds, got {value!r}")
+    return seconds
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: Any
+    check: Callable[[Any], Any]
+
+
+SETTINGS: dict[str, Setting] = {
+    # Global kill switch: False makes the middleware and the throttle pass everything.
+    "ENABLED": Setting(True, _boolean),
+    # The CACHES alias whose Redis connection the engine uses.
+    "CACHE": Setting("default", _string),
+    # Prefix of every key the engine writes; the policy version lives at PREFIX + "version".
+    "KEY_PREFIX": Setting("rl:", _string),
+    "HEADERS": Setting("ietf", _header_style),
+    # view(request, rejection) -> HttpResponse for 429s; None: ratelimits.responses.reject.
+    "REJECT_VIEW": Setting(None, _optional_dotted_path),
+    "TRUSTED_PROXIES": Setting((), _trusted_proxies),
+    "IPV6_PREFIX": Setting(64, _ipv6_prefix),
+    # Longest a leaky-bucket request is held before it is served.
+    "MAX_DELAY": Setting(5.0, _seconds),
+    # exempt(request) -> bool; True skips every policy (health checks, internal probes).
+    "EXEMPT": Setting(None, _optional_dotted_path),
+    # The engine's own Redis timeouts, independent of the cache's: a limiter must answer
+    # fast or step aside (policies then follow their on_error).
+    "SOCKET_TIMEOUT": Setting(0.1, _timeout),
+    "CONNECT_TIMEOUT": Setting(0.1, _timeout),
+    # After this many consecutive store failures, stop calling Redis for BREAKER_COOLDOWN
+    # seconds (requests are decided per on_error without touching a socket), then probe.
+    "BREAKER_FAILURES": Setting(3, _positive_int),
+    "BREAKER_COOLDOWN": Setting(1.0, _timeout),
+    # How many app instances share the limits: on_error="local" gives each its share.
+    "INSTANCES": Setting(1, _positive_int),
+}
+
+_config: Mapping[str, Any] | None = None
+
+
+def build_config(user: Any) -> Mapping[str, Any]:
+    """Validate a user `RATELIMITS` value and fill the defaults; ImproperlyConfigured if bad."""
+    if user is None:
+        user = {}
+    if not isinstance(user, Mapping):
+        raise ImproperlyConfigured(f"RATELIMITS must be a dict, got {type(user).__name__}")
+    unknown = sorted(set(user) - set(SETTINGS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"unknown RATELIMITS key(s): {', '.join(map(str, unknown))}; "
+            f"valid keys are {', '.join(SETTINGS)}"
+        )
+    values: dict[str, Any] = {}
+    for name, setting in SETTINGS.items():
+        raw = user.get(name, setting.default)
+        try:
+            values[name] = setting.check(raw)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"RATELIMITS[{name!r}] {exc}") from None
+    return MappingProxyType(values)
+
+
+def get_config() -> Mapping[str, Any]:
+    """The validated `RATELIMITS` settings, defaults filled in (cached until settings change)."""
+    global _config
+    if _config is None:
+        _config = build_config(getattr(settings, "RATELIMITS", None))
+    return _config
+
+
+def reset_config() -> None:
+    global _config
+    _config = None
+
+
+@receiver(setting_changed)
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RATELIMITS":
+        reset_config()

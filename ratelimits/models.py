@@ -1,0 +1,222 @@
+"""The admin-managed rate-limit policy: one row is one limit."""
+
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+from ratelimits.engine.types import ALGORITHMS, BURST_ALGORITHMS, Limit
+
+_METHOD = re.compile(r"^[A-Z]+$")
+_SCOPE = re.compile(r"^[\w.:-]+$")
+
+# Where each rule of `Limit` lands in the form: the message's first words name the field.
+_LIMIT_ERROR_FIELDS = (
+    ("unknown algorithm", "algorithm"),
+    ("limit must", "limit"),
+    ("period must", "period"),
+    ("burst", "burst"),
+    ("cost must", "cost"),
+    ("cost ", "cost"),
+)
+
+
+class Mode(models.TextChoices):
+    ENFORCE = "enforce", "enforce"
+    SHADOW = "shadow", "shadow (log only)"
+    OFF = "off", "off"
+
+
+class OnError(models.TextChoices):
+    ALLOW = "allow", "allow the request"
+    DENY = "deny", "deny with 503"
+    LOCAL = "local", "decide in this process"
+
+
+ALGORITHM_CHOICES = [(a, a.replace("_", " ")) for a in ALGORITHMS]
+
+
+def split_methods(value: str) -> list[str]:
+    """`"get, Post"` -> `["GET", "POST"]`; empty means every method."""
+    return [m.strip().upper() for m in value.split(",") if m.strip()]
+
+
+_UNITS = ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second"))
+
+
+def human_period(seconds: int) -> str:
+    """`60` -> "minute", `600` -> "10 minutes", `90` -> "90 seconds"."""
+    for size, unit in _UNITS:
+        if seconds % size == 0:
+            count = seconds // size
+            return unit if count == 1 else f"{count} {unit}s"
+    return f"{seconds} seconds"  # pragma: no cover - every integer is a multiple of 1
+
+
+class Policy(models.Model):
+    """One rate limit: who is counted (`key`), on which requests, how many per period."""
+
+    name = models.CharField(
+        max_length=100,
+        unique=True,
+        validators=[
+            RegexValidator(
+                r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$",
+                "Use letters, digits, '-', '_', '.' or ':' (it appears in logs and headers).",
+            )
+        ],
+        help_text="Unique; shown in logs, response headers and signals.",
+    )
+    description = models.TextField(blank=True)
+    mode = models.CharField(
+        max_length=10,
+        choices=Mode.choices,
+        default=Mode.SHADOW,
+        help_text="Shadow only logs what it would reject; start there, then enforce.",
+    )
+    algorithm = models.CharField(max_length=20, choices=ALGORITHM_CHOICES, default="sliding_window")
+    limit = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)],
+        help_text="Requests (or cost units) per period; for concurrency, requests in flight.",
+    )
+    period = models.PositiveIntegerField(
+        default=60,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds, e.g. 1, 60, 600 (10 minutes), 3600.",
+    )
+    burst = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Capacity of token bucket, leaky bucket and gcra (how many requests may "
+        "come at once); empty: the limit. Other algorithms have none.",
+    )
+    cost = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="Units one request consumes."
+    )
+    key = models.CharField(
+        max_length=255,
+        default="ip",
+        help_text="Who is counted: ip, user, user_or_ip, global, header:<Name>, "
+        "query:<name> or call:<dotted.path>.",
+    )
+    path = models.CharField(
+        max_length=255,
+        default="*",
+        blank=True,
+        help_text="Path pattern: /api/login/, /api/*/items/ (* is one segment), "
+        "/static/** (** is any number); * or empty: every path.",
+    )
+    methods = models.CharField(
+        max_length=100, blank=True, help_text="Comma-separated, e.g. POST,PUT; empty: all."
+    )
+    scope = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="DRF throttle_scope: the policy then applies only to DRF views with that "
+        "scope (through PolicyThrottle).",
+    )
+    on_error = models.CharField(
+        max_length=10,
+        choices=OnError.choices,
+        default=OnError.ALLOW,
+        help_text="What to do when the store is unreachable.",
+    )
+    priority = models.IntegerField(
+        default=0, help_text="Higher first when several policies match (headers, logs)."
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-priority", "name"]
+        verbose_name_plural = "policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    # -- validation ---------------------------------------------------------------------
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+
+        def add(field: str, message: str) -> None:
+            errors.setdefault(field, []).append(message)
+
+        self.methods = ",".join(split_methods(self.methods or ""))
+        for method in split_methods(self.methods):
+            if not _METHOD.match(method):
+                add("methods", f"{method!r} is not an HTTP method; write e.g. GET,POST.")
+        self.scope = (self.scope or "").strip()
+        if self.scope and not _SCOPE.match(self.scope):
+            add("scope", "Use letters, digits, '_', '-', '.' or ':' as in DRF's throttle_scope.")
+        self.path = (self.path or "").strip()
+        self.key = (self.key or "").strip()
+
+        from ratelimits.identity import parse_key
+        from ratelimits.paths import PathPattern
+
+        try:
+            parse_key(self.key)
+        except ValueError as exc:
+            add("key", str(exc))
+        try:
+            PathPattern(self.path)
+        except ValueError as exc:
+            add("path", str(exc))
+
+        if self.burst is not None and self.algorithm not in BURST_ALGORITHMS:
+            add(
+                "burst",
+                f"{self.algorithm.replace('_', ' ')} has no burst; clear it or choose "
+                "token bucket, leaky bucket or gcra.",
+            )
+        elif None not in (self.limit, self.period, self.cost):
+            try:
+                self.as_limit("")
+            except ValueError as exc:
+                message = str(exc)
+                field = next(
+                    (f for prefix, f in _LIMIT_ERROR_FIELDS if message.startswith(prefix)),
+                    NON_FIELD_ERRORS,
+                )
+                add(field, message[0].upper() + message[1:] + ".")
+        if errors:
+            raise ValidationError(errors)
+
+    # -- engine view ----------------------------------------------------------------------
+
+    def as_limit(self, key: str) -> Limit:
+        """The engine's `Limit` for one client identity under this policy."""
+        return Limit(
+            key=key,
+            algorithm=self.algorithm,
+            limit=self.limit,
+            period=float(self.period),
+            burst=self.burst,
+            cost=self.cost,
+            shadow=self.mode == Mode.SHADOW,
+            name=self.name,
+        )
+
+    @property
+    def method_list(self) -> list[str]:
+        return split_methods(self.methods)
+
+    def human_rate(self) -> str:
+        """The rate as an operator reads it: "100 per minute, burst 20"."""
+        if self.limit is None:
+            return ""
+        if self.algorithm == "concurrency":
+            text = f"{self.limit} at a time"
+        else:
+            text = f"{self.limit} per {human_period(self.period or 1)}"
+        if self.burst is not None:
+            text += f", {'queue' if self.algorithm == 'leaky_bucket' else 'burst'} {self.burst}"
+        if self.cost and self.cost != 1:
+            text += f", cost {self.cost}"
+        return text
+
+    human_rate.short_description = "rate"  # type: ignore[attr-defined]

@@ -1,0 +1,79 @@
+"""Signal receivers: policy changes reach every process; throttle-held slots get freed."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from typing import Any
+
+from django.core.signals import request_finished, request_started
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from ratelimits.models import Policy
+
+logger = logging.getLogger("ratelimits")
+
+
+def policies_changed() -> None:
+    """Bump the shared policy version and rebuild this process's snapshot."""
+    from ratelimits.resolver import resolver
+    from ratelimits.store import get_engine
+
+    version = None
+    try:
+        version = get_engine().bump_version()
+    except Exception as exc:
+        logger.error(
+            "ratelimits: could not publish the policy change (%s); other processes pick it "
+            "up at their next version change",
+            exc,
+        )
+    resolver.invalidate(version)
+
+
+def schedule_policies_changed(using: str | None = None) -> None:
+    """Publish when the current transaction commits (at once, outside a transaction).
+
+    Waiting for the commit matters: another process that reloads on the new version must
+    find the change in the database.
+    """
+    transaction.on_commit(policies_changed, using=using)
+
+
+@receiver(post_save, sender=Policy, dispatch_uid="ratelimits.policy_saved")
+@receiver(post_delete, sender=Policy, dispatch_uid="ratelimits.policy_deleted")
+def _policy_changed(sender: Any, using: str | None = None, **kwargs: Any) -> None:
+    schedule_policies_changed(using)
+
+
+# Without the middleware, nothing sees the end of a DRF response; the request_finished
+# signal (sent from the response's close()) does, in the same context as the request.
+_finishing: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "ratelimits_finishing", default=None
+)
+
+
+def release_when_finished(request: Any) -> None:
+    pending = _finishing.get()
+    if pending is None:
+        pending = []
+        _finishing.set(pending)
+    pending.append(request)
+
+
+@receiver(request_started, dispatch_uid="ratelimits.request_started")
+def _on_request_started(**kwargs: Any) -> None:
+    _finishing.set([])
+
+
+@receiver(request_finished, dispatch_uid="ratelimits.request_finished")
+def _on_request_finished(**kwargs: Any) -> None:
+    from ratelimits.evaluation import release
+
+    pending = _finishing.get()
+    if pending:
+        for request in pending:
+            release(request)
+        pending.clear()

@@ -1,0 +1,59 @@
+"""`PolicyThrottle`: the policies seen from a DRF view (the only module importing DRF).
+
+It applies the policies whose `scope` equals the view's `throttle_scope`, and the
+unscoped ones that `RateLimitMiddleware` has not already applied to this request (all of
+them when the middleware is not installed). A policy charges a request once either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.exceptions import APIException
+from rest_framework.throttling import BaseThrottle
+
+from ratelimits import evaluation
+from ratelimits.evaluation import UNAVAILABLE
+from ratelimits.receivers import release_when_finished
+
+
+class RateLimitStoreUnavailable(APIException):
+    """A policy with on_error="deny" could not be decided: the store is unreachable."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "Service temporarily unavailable. Retry shortly."
+    default_code = "ratelimit_store_unavailable"
+
+    def __init__(self, wait: float) -> None:
+        super().__init__()
+        self.wait = wait
+
+
+class PolicyThrottle(BaseThrottle):
+    """A DRF throttle driven by the admin-managed policies."""
+
+    def __init__(self) -> None:
+        self._wait: float | None = None
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        scope = getattr(view, "throttle_scope", None) or ""
+        scopes = frozenset({"", scope})
+        verdict = evaluation.evaluate(request, scopes=scopes, sender=type(self))
+        if verdict is None:
+            return True
+        state = evaluation.state_for(request)
+        if state.holds and not state.middleware:
+            release_when_finished(request)
+        if verdict.status == UNAVAILABLE:
+            raise RateLimitStoreUnavailable(float(verdict.retry_after_header))
+        if not verdict.allowed:
+            self._wait = float(verdict.retry_after_header)
+            return False
+        if verdict.delay > 0:
+            evaluation.sleep(verdict.delay)
+        return True
+
+    def wait(self) -> float | None:
+        """Seconds until the refused request could pass (DRF's Retry-After), at least 1."""
+        return self._wait

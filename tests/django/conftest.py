@@ -1,0 +1,74 @@
+"""Fixtures for the Django app tests: clean engine, snapshot and Redis for every test."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from ratelimits.conf import reset_config
+from ratelimits.resolver import resolver
+from ratelimits.store import reset_engines
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_on_fixture_redis(redis_url):
+    """Point the default cache at the Redis that tests/conftest.py chose."""
+    from django.conf import settings
+
+    caches = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": redis_url}}
+    with override_settings(CACHES=caches):
+        yield
+
+
+def _reset() -> None:
+    reset_config()
+    reset_engines()
+    resolver.reset()
+
+
+@pytest.fixture(autouse=True)
+def clean_state(redis_client):
+    """A flushed Redis database and no engine, config or snapshot left from another test."""
+    _reset()
+    yield redis_client
+    _reset()
+
+
+@pytest.fixture
+def memory_store(settings):
+    """Run the test on the in-process engine (a non-Redis cache)."""
+    settings.RATELIMITS = {**settings.RATELIMITS, "CACHE": "local"}
+    yield
+
+
+@pytest.fixture(params=["redis", "memory"])
+def any_store(request, settings):
+    """Run the test once on the Redis engine and once on the in-process engine."""
+    if request.param == "memory":
+        settings.RATELIMITS = {**settings.RATELIMITS, "CACHE": "local"}
+    return request.param
+
+
+@pytest.fixture
+def make_policy(db, django_capture_on_commit_callbacks):
+    """Create a validated policy and publish it as a commit would."""
+    from ratelimits.models import Policy
+
+    def make(**fields):
+        values = {
+            "name": "p",
+            "mode": "enforce",
+            "algorithm": "fixed_window",
+            "limit": 2,
+            "period": 3600,
+            "key": "ip",
+            "path": "*",
+        }
+        values.update(fields)
+        policy = Policy(**values)
+        policy.full_clean()
+        with django_capture_on_commit_callbacks(execute=True):
+            policy.save()
+        return policy
+
+    return make

@@ -1,0 +1,19 @@
+"""Functions the tests name in settings and policies by dotted path."""
+
+from django.http import HttpResponse
+
+
+def exempt_health(request):
+    return request.headers.get("X-Health") == "1"
+
+
+def teapot(request, rejection):
+    return HttpResponse(f"slow down: {','.join(rejection.policies)}", status=rejection.status)
+
+
+def broken(request, rejection):
+    raise RuntimeError("the reject view is broken")
+
+
+def failing_key(request):
+    raise ValueError("cannot identify")

@@ -1,0 +1,79 @@
+"""System checks, run as `manage.py check` runs them, under override_settings."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import run_checks
+from django.test import override_settings
+
+MW = "ratelimits.middleware.RateLimitMiddleware"
+AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+def ids() -> set[str]:
+    return {m.id for m in run_checks() if (m.id or "").startswith("ratelimits.")}
+
+
+def messages(check_id):
+    return [m for m in run_checks() if m.id == check_id]
+
+
+def test_the_test_settings_pass():
+    assert ids() == set()
+
+
+@override_settings(RATELIMITS={"HEADER": "ietf"})
+def test_e001_unknown_key():
+    (msg,) = messages("ratelimits.E001")
+    assert "HEADER" in msg.msg and msg.hint
+
+
+@override_settings(RATELIMITS={"MAX_DELAY": "soon"})
+def test_e001_bad_value():
+    (msg,) = messages("ratelimits.E001")
+    assert "MAX_DELAY" in msg.msg
+
+
+def test_e002_middleware_before_authentication():
+    order = [m for m in settings.MIDDLEWARE if m != MW]
+    order.insert(order.index(AUTH), MW)
+    with override_settings(MIDDLEWARE=order):
+        (msg,) = messages("ratelimits.E002")
+    assert "AuthenticationMiddleware" in msg.hint
+
+
+@override_settings(RATELIMITS={"CACHE": "nope"})
+def test_e003_unknown_cache_alias():
+    assert "ratelimits.E003" in ids()
+
+
+@override_settings(RATELIMITS={"REJECT_VIEW": "tests.nowhere.view"})
+def test_e004_reject_view_not_importable():
+    (msg,) = messages("ratelimits.E004")
+    assert "tests.nowhere.view" in msg.msg
+
+
+@override_settings(RATELIMITS={"CACHE": "local"})
+def test_w001_store_not_shared():
+    (msg,) = messages("ratelimits.W001")
+    assert "each process" in msg.msg and "django-redis" in msg.hint
+
+
+@override_settings(
+    CACHES={
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:6379/3",
+        }
+    }
+)
+def test_djangos_own_redis_cache_counts_as_shared():
+    assert "ratelimits.W001" not in ids()
+
+
+def test_w002_nothing_installed():
+    without = [m for m in settings.MIDDLEWARE if m != MW]
+    with override_settings(MIDDLEWARE=without, REST_FRAMEWORK={}):
+        assert "ratelimits.W002" in ids()
+    with override_settings(MIDDLEWARE=without):  # the DRF throttle alone is enough
+        assert "ratelimits.W002" not in ids()

@@ -1,0 +1,51 @@
+"""The RATELIMITS accessor: defaults, refusals, and clearing on settings changes."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from ratelimits.conf import SETTINGS, build_config, get_config
+
+
+def test_defaults_fill_every_key():
+    config = build_config({})
+    assert set(config) == set(SETTINGS)
+    assert config["ENABLED"] is True
+    assert config["CACHE"] == "default"
+    assert config["HEADERS"] == "ietf"
+    assert config["IPV6_PREFIX"] == 64
+
+
+def test_unknown_keys_are_refused_with_the_valid_list():
+    with pytest.raises(ImproperlyConfigured) as info:
+        build_config({"ENABLE": False})
+    message = str(info.value)
+    assert "ENABLE" in message and "valid keys are" in message and "ENABLED" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("ENABLED", "yes", "True or False"),
+        ("HEADERS", "draft", "ietf, legacy, both, none"),
+        ("MAX_DELAY", -1, "positive number"),
+        ("IPV6_PREFIX", 200, "1 to 128"),
+        ("REJECT_VIEW", "noviews", "dotted import path"),
+        ("TRUSTED_PROXIES", "10.0.0.0/8", "list of IP"),
+        ("CACHE", "", "non-empty string"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_key(key, value, says):
+    with pytest.raises(ImproperlyConfigured) as info:
+        build_config({key: value})
+    assert key in str(info.value) and says in str(info.value)
+
+
+def test_accessor_is_cached_and_cleared_when_settings_change():
+    first = get_config()
+    assert get_config() is first
+    with override_settings(RATELIMITS={"HEADERS": "legacy"}):
+        assert get_config()["HEADERS"] == "legacy"
+    assert get_config()["HEADERS"] == "ietf"

@@ -1,0 +1,64 @@
+"""Django settings for the test suite."""
+
+import os
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+ALLOWED_HOSTS = ["*"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "rest_framework",
+    "ratelimits",
+]
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# The engine runs on this cache's Redis connection (tests/conftest.py chooses the server).
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "tests-cache",
+    },
+    "local": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "ratelimits.middleware.RateLimitMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+REST_FRAMEWORK = {
+    "DEFAULT_THROTTLE_CLASSES": ["ratelimits.throttling.PolicyThrottle"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+RATELIMITS = {"KEY_PREFIX": "tests-rl:"}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"ratelimits": {"level": "DEBUG", "propagate": True}},
+}

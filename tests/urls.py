@@ -1,0 +1,47 @@
+"""Views the request-path tests drive: plain Django (sync, async, streaming) and DRF."""
+
+from django.contrib import admin
+from django.http import HttpResponse, StreamingHttpResponse
+from django.urls import path
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+
+def hello(request):
+    return HttpResponse("hello")
+
+
+def boom(request):
+    raise RuntimeError("the view failed")
+
+
+def stream(request):
+    return StreamingHttpResponse(iter([b"a", b"b", b"c"]))
+
+
+async def async_hello(request):
+    return HttpResponse("hello async")
+
+
+class Items(APIView):
+    throttle_scope = "items"
+
+    def get(self, request):
+        return Response({"items": [1, 2, 3]})
+
+
+class Plain(APIView):
+    def get(self, request):
+        return Response({"ok": True})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("hello/", hello),
+    path("login/", hello),
+    path("boom/", boom),
+    path("stream/", stream),
+    path("async/", async_hello),
+    path("api/items/", Items.as_view()),
+    path("api/plain/", Plain.as_view()),
+]
