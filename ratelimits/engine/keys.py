@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import os
 import threading
+from functools import lru_cache
 
 from ratelimits.engine.types import Limit
 
@@ -32,10 +33,18 @@ STATS_TTL = 25 * 3600
 
 def base_key(prefix: str, limit: Limit) -> str:
     """`<prefix>{<hash of policy and client>}:<algorithm>`: fixed length, one hash slot."""
-    raw = limit.name.encode("utf-8", "surrogatepass") + b"\0"
-    raw += limit.key.encode("utf-8", "surrogatepass")
+    return _base_key(prefix, limit.name, limit.key, limit.algorithm)
+
+
+@lru_cache(maxsize=16_384)  # recent clients: a hot client's key is hashed once, not per call
+def _base_key(prefix: str, name: str, key: str, algorithm: str) -> str:
+    raw = name.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
     digest = base64.urlsafe_b64encode(hashlib.blake2b(raw, digest_size=12).digest())
-    return f"{prefix}{{{digest.decode('ascii')}}}:{ALGORITHM_CODES[limit.algorithm]}"
+    return f"{prefix}{{{digest.decode('ascii')}}}:{ALGORITHM_CODES[algorithm]}"
+
+
+#: Algorithms that store one member per admitted unit, named by the request's token.
+TOKEN_ALGORITHMS = frozenset({"sliding_log", "concurrency"})
 
 
 def stats_key(prefix: str, name: str, minute: int) -> str:

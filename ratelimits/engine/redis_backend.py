@@ -13,7 +13,16 @@ import redis
 from ratelimits.engine.assemble import FIELDS, assemble
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import EngineError, EngineUnavailable
-from ratelimits.engine.keys import US, base_key, burst_of, new_token, period_us, stats_key, to_us
+from ratelimits.engine.keys import (
+    TOKEN_ALGORITHMS,
+    US,
+    base_key,
+    burst_of,
+    new_token,
+    period_us,
+    stats_key,
+    to_us,
+)
 from ratelimits.engine.types import Decision, Limit
 
 #: One file per algorithm (see lua/prelude.lua for how they are joined).
@@ -92,13 +101,15 @@ class RedisEngine:
         """Check every limit and charge them all only if every enforced one admits."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
-        token = new_token()
         args: list[Any] = self._head.copy()
-        args[0] = "" if now is None else to_us(now)
-        args[1] = token
+        if now is not None:
+            args[0] = to_us(now)
+        token = None
         keys = []
         for limit in limits:
             keys.append(base_key(self.prefix, limit))
+            if token is None and limit.algorithm in TOKEN_ALGORITHMS:
+                token = args[1] = new_token()
             args += (
                 limit.algorithm,
                 limit.limit,

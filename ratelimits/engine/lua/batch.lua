@@ -22,7 +22,7 @@ end
 local version = 0
 if version_key ~= '' then version = tonumber(redis.call('GET', version_key)) or 0 end
 local out = {version, admitted, now}
-local minute = fmt(math.floor(now / 60000000))
+local minute  -- formatted on first use: most calls of an app without counters skip it
 for i = 1, n do
   local o = 4 + (i - 1) * 7
   local r = checks[i]
@@ -43,6 +43,7 @@ for i = 1, n do
     field = 'r'
   end
   if stats ~= '' and ARGV[o + 7] ~= '' then
+    minute = minute or string.format('%d', math.floor(now / 60000000))
     local sk = stats .. ARGV[o + 7] .. ':' .. minute
     -- a new field (first of its key, or first of its kind) sets the expiry; others skip it
     if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, 90000) end
