@@ -185,11 +185,16 @@ def _identify(
 
     limits, planned, failed = [], [], []
     trusted, prefix = config["TRUSTED_PROXIES"], config["IPV6_PREFIX"]
+    seen: dict[Any, str | None] = {}  # policies sharing a key identify the client once
     for policy in policies:
+        spec = policy.key_spec
         try:
-            identity = policy.key_spec.identify(
-                request, trusted_proxies=trusted, ipv6_prefix=prefix
-            )
+            if spec in seen:
+                identity = seen[spec]
+            else:
+                identity = seen[spec] = spec.identify(
+                    request, trusted_proxies=trusted, ipv6_prefix=prefix
+                )
         except IdentityError as exc:
             logger.error(
                 "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s",

@@ -1,0 +1,39 @@
+"""Settings of the end-to-end benchmark: the demo site, one scenario chosen by env var.
+
+BENCH_E2E_SCENARIO:
+  none     no rate limiting: RateLimitMiddleware removed, RATELIMITS["ENABLED"] False,
+           no DRF throttle classes (baseline of both /hello/ and /api/items/)
+  ours     the demo as it ships: RateLimitMiddleware + PolicyThrottle, with the policies
+           in the bench database
+  drf      DRF's AnonRateThrottle + UserRateThrottle at BENCH_DRF_RATE, ours off
+The demo's own settings (REDIS_URL, DEMO_DB) apply as usual.
+"""
+
+import os
+
+from demo_project.settings import *  # noqa: F403
+from demo_project.settings import MIDDLEWARE, RATELIMITS
+
+SCENARIO = os.environ.get("BENCH_E2E_SCENARIO", "ours")
+DEBUG = False
+LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+if SCENARIO == "ours":
+    pass  # the demo as it ships: middleware + PolicyThrottle
+elif SCENARIO in ("none", "drf"):
+    MIDDLEWARE = [m for m in MIDDLEWARE if m != "ratelimits.middleware.RateLimitMiddleware"]
+    RATELIMITS = {**RATELIMITS, "ENABLED": False}
+    SILENCED_SYSTEM_CHECKS = ["ratelimits.W002"]
+    if SCENARIO == "none":
+        REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": []}
+    else:
+        rate = os.environ.get("BENCH_DRF_RATE", "1000000/min")
+        REST_FRAMEWORK = {
+            "DEFAULT_THROTTLE_CLASSES": [
+                "rest_framework.throttling.AnonRateThrottle",
+                "rest_framework.throttling.UserRateThrottle",
+            ],
+            "DEFAULT_THROTTLE_RATES": {"anon": rate, "user": rate},
+        }
+else:
+    raise RuntimeError(f"unknown BENCH_E2E_SCENARIO {SCENARIO!r}")
