@@ -36,7 +36,8 @@ def _ours_args(sha: str, algorithms: list[str], stats: bool, tag: str) -> list[s
     keys = [f"rl:{{__rand_int__}}:{ALGORITHM_CODES[a]}" for a in algorithms]
     args = ["", "bench-token", "rl:version" if stats else "", "rl:s:" if stats else ""]
     for i, algorithm in enumerate(algorithms):
-        args += [algorithm, str(LIMIT), str(PERIOD_US), str(LIMIT), "1", "0", f"{tag}{i}"]
+        args += [algorithm, str(LIMIT), str(PERIOD_US), str(LIMIT), "1", "0", f"{tag}{i}",
+                 "203.0.113.7"]
     return ["EVALSHA", sha, str(len(keys)), *keys, *args]
 
 
@@ -123,7 +124,7 @@ def run(quick: bool = False) -> Section:
         "<numkeys> <keys> <args>` against the local server; median of "
         f"{rounds} interleaved runs per row. Our rows send the real batch script with the "
         "argument layout of `RedisEngine` (now_us empty = server `TIME`, token, version "
-        f"key, counter prefix, then 7 values per limit); {LIMIT:,} per minute per client, "
+        f"key, counter prefix, then 8 values per limit); {LIMIT:,} per minute per client, "
         "so every decision admits and writes. Client: redis-benchmark (it passes the empty "
         "now_us argument as a zero-length bulk string; no Python client was needed). Both "
         "redis-server and redis-benchmark are single-threaded, one core each of the two."

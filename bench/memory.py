@@ -40,14 +40,14 @@ def _ours_write(client, algorithm: str, clients: int, period: float, tag: str) -
     from ratelimits.engine.redis_backend import batch_source
 
     script = client.register_script(batch_source())
-    script(keys=["rl:{warm}:g"], args=["", "t", "", "", "gcra", 1, 1000, 1, 1, 0, ""])
+    script(keys=["rl:{warm}:g"], args=["", "t", "", "", "gcra", 1, 1000, 1, 1, 0, "", ""])
     client.delete("rl:{warm}:g")
     pipe = client.pipeline(transaction=False)
     for i in range(clients):
         limit = Limit(f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}", algorithm, 100, period,
                       name=tag)
         args = ["", f"tok{i}", "", "", algorithm, limit.limit, period_us(limit),
-                burst_of(limit), 1, 0, tag]
+                burst_of(limit), 1, 0, tag, limit.key]
         script(keys=[base_key("rl:", limit)], args=args, client=pipe)
         if i % BATCH == BATCH - 1:
             pipe.execute()

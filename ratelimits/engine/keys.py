@@ -29,6 +29,11 @@ ALGORITHM_CODES: dict[str, str] = {
 US = 1_000_000
 #: Per-policy counters are kept this long (seconds): a day plus an hour of slack.
 STATS_TTL = 25 * 3600
+#: Each policy's top offenders: one list per hour, kept two hours, at most this many.
+OFFENDERS_TTL = 2 * 3600
+OFFENDERS_CAP = 100
+#: An offender is listed under the first this many characters of its identity.
+OFFENDER_CHARS = 200
 
 
 def base_key(prefix: str, limit: Limit) -> str:
@@ -50,6 +55,11 @@ TOKEN_ALGORITHMS = frozenset({"sliding_log", "concurrency"})
 def stats_key(prefix: str, name: str, minute: int) -> str:
     """The per-policy, per-minute counter hash (fields a, r, w, o)."""
     return f"{prefix}s:{name}:{minute}"
+
+
+def offenders_key(prefix: str, name: str, hour: int) -> str:
+    """The sorted set of the clients one policy refused (or would have) in one hour."""
+    return f"{prefix}s:{name}:h{hour}"
 
 
 def period_us(limit: Limit) -> int:

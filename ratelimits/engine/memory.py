@@ -17,11 +17,15 @@ from typing import Any
 
 from ratelimits.engine.assemble import assemble
 from ratelimits.engine.keys import (
+    OFFENDER_CHARS,
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
     STATS_TTL,
     US,
     base_key,
     burst_of,
     new_token,
+    offenders_key,
     period_us,
     stats_key,
     to_us,
@@ -290,6 +294,10 @@ class MemoryEngine:
                     field = "w" if limit.shadow else "r"
                 if limit.name:
                     self._count(stats_key(self.prefix, limit.name, minute), field, now_f)
+                    if field in ("r", "w"):
+                        hour = math.floor(now_f / (3600 * US))
+                        self._offend(offenders_key(self.prefix, limit.name, hour),
+                                     limit.key[:OFFENDER_CHARS], now_f)
                 raw += [r[0], r[1], r[2], r[3], r[4], charged]
             version = self._version if self.version_key else None
         return assemble(limits, raw, admitted=admitted, version=version, token=token)
@@ -298,6 +306,31 @@ class MemoryEngine:
         counts: dict[str, int] = self._store.get(key, now) or {}
         counts[field] = counts.get(field, 0) + 1
         self._store.set(key, counts, now, STATS_TTL * US)
+
+    def _offend(self, key: str, who: str, now: float) -> None:
+        """Space-Saving top-k, as the Lua `offend`: a newcomer to a full list takes the
+        evicted minimum plus one."""
+        counts: dict[str, int] | None = self._store.get(key, now)
+        if counts is None:  # EXPIRE NX: the list's lifetime starts with its first member
+            counts = {}
+            self._store.set(key, counts, now, OFFENDERS_TTL * US)
+        if who in counts:
+            counts[who] += 1
+            return
+        floor = 0
+        if len(counts) >= OFFENDERS_CAP:
+            # ZPOPMIN: the lowest score, ties broken by the smallest member
+            lowest = min(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+            floor = counts.pop(lowest)
+        counts[who] = floor + 1
+
+    def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
+        """The clients one policy refused most (with would-be refusals) in one hour."""
+        with self._lock:
+            entry = self._store.data.get(offenders_key(self.prefix, name, hour))
+            counts = dict(entry[0]) if entry else {}
+        # ZREVRANGE order: highest score first, ties by the greatest member
+        return sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:n]
 
     def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds."""

@@ -14,11 +14,13 @@ from ratelimits.engine.assemble import FIELDS, assemble
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keys import (
+    OFFENDER_CHARS,
     TOKEN_ALGORITHMS,
     US,
     base_key,
     burst_of,
     new_token,
+    offenders_key,
     period_us,
     stats_key,
     to_us,
@@ -118,6 +120,7 @@ class RedisEngine:
                 limit.cost,
                 1 if limit.shadow else 0,
                 limit.name,
+                limit.key[:OFFENDER_CHARS].encode("utf-8", "surrogatepass"),
             )
         reply = self._run(keys, args)
         if len(reply) != 3 + FIELDS * len(limits):
@@ -172,6 +175,13 @@ class RedisEngine:
         """The a/r/w/o counts of one policy in one minute (minutes since the epoch)."""
         raw = self.client.hgetall(stats_key(self.prefix, name, minute))
         return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+
+    def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
+        """The clients one policy refused most (with would-be refusals) in one hour."""
+        raw = self.client.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1,
+                                    withscores=True)
+        return [(k.decode("utf-8", "surrogatepass") if isinstance(k, bytes) else k, int(v))
+                for k, v in raw]
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""

@@ -87,3 +87,7 @@ def test_redis_and_memory_engines_agree(redis_client, scenario):
         if release:
             redis_engine.release(a)
             memory_engine.release(b)
+    hours = {int(T0 // 3600), int(now // 3600)}
+    for lim in chosen:
+        for hour in hours:
+            assert redis_engine.offenders(lim.name, hour) == memory_engine.offenders(lim.name, hour)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from ratelimits.engine import ALGORITHMS, Limit
+from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
+from ratelimits.engine.keys import OFFENDERS_TTL, US, offenders_key
 from tests.engine.conftest import T0
 
 
@@ -152,3 +155,48 @@ def test_reset_forgets_one_client(engine):
     assert not engine.evaluate([limit], now=T0).allowed
     engine.reset(limit, now=T0)
     assert engine.evaluate([limit], now=T0).allowed
+
+
+def test_offenders_count_refusals_and_would_be_refusals_per_hour(engine):
+    enforced = Limit("", "fixed_window", 1, 60, name="login")
+    shadow = Limit("", "fixed_window", 1, 60, shadow=True, name="login-shadow")
+    for client, tries in (("10.0.0.1", 5), ("10.0.0.2", 3), ("10.0.0.3", 1)):
+        for _ in range(tries):
+            engine.evaluate([replace(enforced, key=client)], now=T0 + 10)
+            engine.evaluate([replace(shadow, key=client)], now=T0 + 10)
+    hour = int((T0 + 10) // 3600)
+    # the first request of each client was admitted: only the rest are offences
+    assert engine.offenders("login", hour) == [("10.0.0.1", 4), ("10.0.0.2", 2)]
+    assert engine.offenders("login-shadow", hour) == [("10.0.0.1", 4), ("10.0.0.2", 2)]
+    assert engine.offenders("login", hour, n=1) == [("10.0.0.1", 4)]
+    assert engine.offenders("login", hour + 1) == []
+
+
+def test_offenders_list_is_bounded_and_a_persistent_newcomer_still_enters(engine):
+    from ratelimits.engine.keys import OFFENDERS_CAP
+
+    limit = Limit("", "fixed_window", 1, 3600, name="scan")
+    for i in range(OFFENDERS_CAP + 50):  # one offence each, from many clients
+        for _ in range(2):
+            engine.evaluate([replace(limit, key=f"c{i}")], now=T0)
+    for _ in range(30):  # a late heavy hitter in a list already full
+        engine.evaluate([replace(limit, key="late")], now=T0)
+    hour = int(T0 // 3600)
+    top = engine.offenders("scan", hour, n=OFFENDERS_CAP * 2)
+    assert len(top) == OFFENDERS_CAP
+    assert top[0][0] == "late"
+    assert top[0][1] >= 29  # never under-counted (Space-Saving may over-count)
+
+
+def test_offenders_expire_after_two_hours(engine):
+    limit = Limit("x", "fixed_window", 1, 60, name="p")
+    for _ in range(2):
+        engine.evaluate([limit], now=T0)
+    hour = int(T0 // 3600)
+    assert engine.offenders("p", hour) == [("x", 1)]
+    key = offenders_key("rl:", "p", hour)
+    if isinstance(engine, MemoryEngine):  # expiry on the engine's own clock
+        assert engine._store.get(key, T0 * US + OFFENDERS_TTL * US - 1) is not None
+        assert engine._store.get(key, T0 * US + OFFENDERS_TTL * US) is None
+    else:  # Redis expires on its own clock: the TTL is what can be checked
+        assert 0 < engine.client.ttl(key) <= OFFENDERS_TTL

@@ -1,7 +1,7 @@
 -- Entry point: check every limit, then charge only if every enforced limit admits.
 -- ARGV: now_us ('' = server time), token, version key ('' = none), stats prefix
 -- ('' = no counters), then per limit: algorithm, limit, period_us, burst, cost,
--- shadow (0/1), name. KEYS: one base key per limit.
+-- shadow (0/1), name, client identity. KEYS: one base key per limit.
 -- Returns {version, admitted, now_us, then per limit: allowed, remaining, reset_after,
 -- retry_after, delay, charged}.
 local now = tonumber(ARGV[1])
@@ -13,7 +13,7 @@ local token, version_key, stats = ARGV[2], ARGV[3], ARGV[4]
 local n = #KEYS
 local checks, admitted = {}, 1
 for i = 1, n do
-  local o = 4 + (i - 1) * 7
+  local o = 4 + (i - 1) * 8
   local r = check(ARGV[o + 1], KEYS[i], now, tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
     tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5]))
   checks[i] = r
@@ -24,7 +24,7 @@ if version_key ~= '' then version = tonumber(redis.call('GET', version_key)) or 
 local out = {version, admitted, now}
 local minute  -- formatted on first use: most calls of an app without counters skip it
 for i = 1, n do
-  local o = 4 + (i - 1) * 7
+  local o = 4 + (i - 1) * 8
   local r = checks[i]
   local c = tonumber(ARGV[o + 5])
   local charged = 0
@@ -46,7 +46,11 @@ for i = 1, n do
     minute = minute or string.format('%d', math.floor(now / 60000000))
     local sk = stats .. ARGV[o + 7] .. ':' .. minute
     -- a new field (first of its key, or first of its kind) sets the expiry; others skip it
-    if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, 90000) end
+    if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, STATS_TTL) end
+    if field == 'r' or field == 'w' then
+      offend(stats .. ARGV[o + 7] .. ':h' .. string.format('%d', math.floor(now / 3600000000)),
+        ARGV[o + 8])
+    end
   end
   local j = #out
   out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =

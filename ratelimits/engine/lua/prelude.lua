@@ -11,6 +11,9 @@
 -- Float time (T = P/L) drifts by fractions of a microsecond at epoch magnitudes; a
 -- request this close to its turn is on time (EPS: µs, TOKEN_EPS: units).
 local EPS, TOKEN_EPS = 1, 1e-9
+-- Per-policy counters live a day and an hour; offender lists two hours, at most
+-- OFFENDERS members each (keys.py holds the same figures).
+local STATS_TTL, OFFENDERS_TTL, OFFENDERS = 90000, 7200, 100
 
 local function fmt(x)
   -- %.17g round-trips any double, so stored floats read back bit for bit.
@@ -41,4 +44,19 @@ local function add_members(key, score, token, cost)
     end
   end
   if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+end
+
+local function offend(key, who)
+  -- Space-Saving top-k: a full list gives the newcomer the evicted minimum plus one, so a
+  -- client refused often enough always enters, and memory stays bounded.
+  if redis.call('ZSCORE', key, who) then
+    redis.call('ZINCRBY', key, 1, who)
+    return
+  end
+  local floor = 0
+  if redis.call('ZCARD', key) >= OFFENDERS then
+    floor = tonumber(redis.call('ZPOPMIN', key)[2])
+  end
+  redis.call('ZADD', key, floor + 1, who)
+  redis.call('EXPIRE', key, OFFENDERS_TTL, 'NX')
 end
