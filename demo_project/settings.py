@@ -4,6 +4,7 @@ The engine runs in process unless REDIS_URL is set, in which case limits are sha
 through Redis (django-redis) by every process that serves the site.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -76,6 +77,8 @@ else:
 RATELIMITS = {
     "CACHE": "default",
     "HEADERS": "ietf",
+    # Prometheus metrics at /ratelimits/metrics/ when the [prometheus] extra is installed.
+    "METRICS": importlib.util.find_spec("prometheus_client") is not None,
 }
 
 REST_FRAMEWORK = {

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from demo_project.demo import views
 
@@ -10,4 +10,5 @@ urlpatterns = [
     path("slow/", views.slow, name="slow"),
     path("api/items/", views.ItemList.as_view(), name="items"),
     path("admin/", admin.site.urls),
+    path("ratelimits/", include("ratelimits.urls")),  # /ratelimits/metrics/ for Prometheus
 ]

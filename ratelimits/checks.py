@@ -6,6 +6,7 @@ ratelimits.E003  RATELIMITS["CACHE"] names an alias that is not in CACHES
 ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
 ratelimits.W001  the cache is not Redis: limits are per process, not shared
 ratelimits.W002  neither the middleware nor the DRF throttle is installed
+ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not installed
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                         id="ratelimits.E004",
                     )
                 )
+    if config["METRICS"]:
+        from ratelimits.metrics import available
+
+        if not available():
+            messages.append(
+                checks.Warning(
+                    "RATELIMITS['METRICS'] is True but prometheus_client is not installed: "
+                    "no metrics are recorded and the metrics view answers 404.",
+                    hint='pip install "django-ratelimits[prometheus]"',
+                    id="ratelimits.W003",
+                )
+            )
     alias = config["CACHE"]
     backend = cache_backend(alias)
     if backend is None:

@@ -117,6 +117,8 @@ SETTINGS: dict[str, Setting] = {
     "BREAKER_COOLDOWN": Setting(1.0, _timeout),
     # How many app instances share the limits: on_error="local" gives each its share.
     "INSTANCES": Setting(1, _positive_int),
+    # Prometheus counters and engine latency (needs prometheus_client; see metrics.py).
+    "METRICS": Setting(False, _boolean),
 }
 
 _config: Mapping[str, Any] | None = None

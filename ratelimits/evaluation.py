@@ -20,6 +20,7 @@ from django.utils.module_loading import import_string
 
 from ratelimits import signals
 from ratelimits.conf import get_config
+from ratelimits.metrics import recorder_for
 from ratelimits.resolver import CompiledPolicy, Snapshot, resolver
 from ratelimits.store import get_engine, get_local_engine
 
@@ -153,10 +154,16 @@ def _decide(
     state.charged.update(p.id for p in policies)
 
     engine = get_engine()
+    recorder = recorder_for(config)
+    started = time.perf_counter() if recorder is not None else 0.0
     try:
         decision = engine.evaluate([limit for limit in limits])
     except _engine_unavailable() as exc:
+        if recorder is not None:
+            recorder.unavailable(engine, time.perf_counter() - started, (p for p, _ in planned))
         return _fallback(request, state, planned, limits, failed, exc, sender)
+    if recorder is not None:
+        recorder.decided(engine, time.perf_counter() - started, planned, decision)
     state.version_seen = True
     if decision.token is not None:
         state.holds.append((engine, decision))

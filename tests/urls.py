@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 from django.http import HttpResponse, StreamingHttpResponse
-from django.urls import path
+from django.urls import include, path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -44,4 +44,5 @@ urlpatterns = [
     path("async/", async_hello),
     path("api/items/", Items.as_view()),
     path("api/plain/", Plain.as_view()),
+    path("ratelimits/", include("ratelimits.urls")),
 ]
