@@ -4,7 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint demo bench screenshots clean
+
+# The browser test drives Debian's Chromium (never a browser downloaded by a test tool).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get install -y --no-install-recommends chromium || \
+	  (apt-get update && apt-get install -y --no-install-recommends chromium)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,8 +20,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
+
+# The README's pictures, taken by the browser test as it walks through the admin.
+screenshots: $(STAMP) $(CHROMIUM)
+	RATELIMITS_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/django/test_browser.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,14 +1,49 @@
-"""The Policy admin: list, filters, search and the mode switches."""
+"""The Policy admin: list, filters, search, the mode switches, and what each policy did.
+
+The list shows every policy's last hour; a policy's page charts its last hour and day,
+lists its top offenders and can reset one client; the dashboard shows every policy's
+sparkline. Each page reads its figures in a bounded number of pipelined round trips
+(see `ratelimits.observe`), never by scanning Redis.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 
-from ratelimits.models import Mode, Policy
+from ratelimits import charts, observe
+from ratelimits.models import Mode, Policy, PolicyDashboard
 from ratelimits.receivers import schedule_policies_changed
+
+logger = logging.getLogger("ratelimits")
+
+#: Figures of the pages when the store cannot be read: shown as unknown, never an error.
+UNKNOWN = "?"
+
+
+def _read(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Read figures for a page; a store outage leaves the page up with the figures unknown."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # the admin must open even when Redis does not answer
+        logger.warning("ratelimits: could not read %s for the admin: %s", what, exc)
+        return None
+
+
+def _share(counts: observe.Counts | None) -> str:
+    if counts is None:
+        return UNKNOWN
+    share = counts.refused_share
+    return "—" if share is None else f"{100 * share:.1f}%"
 
 
 def _shown(value: Any) -> str:
@@ -24,10 +59,11 @@ class PolicyAdmin(admin.ModelAdmin):
         "algorithm",
         "rate",
         "key",
-        "path",
-        "methods_display",
-        "scope",
-        "priority",
+        "matches",
+        "hour_admitted",
+        "hour_rejected",
+        "hour_would_reject",
+        "hour_share",
     )
     list_filter = ("mode", "algorithm", "on_error")
     search_fields = ("name", "description", "key", "path", "scope")
@@ -41,6 +77,109 @@ class PolicyAdmin(admin.ModelAdmin):
         ("When the store is unreachable", {"fields": ("on_error",)}),
         ("History", {"fields": ("created", "updated"), "classes": ("collapse",)}),
     )
+
+    # -- the last hour in the list (one round trip for the whole page) -----------------
+
+    def get_changelist_instance(self, request: Any) -> Any:
+        changelist = super().get_changelist_instance(request)
+        shown = list(changelist.result_list)  # evaluates the page's queryset once
+        totals = _read("the last hour", observe.last_hour, [p.name for p in shown]) or {}
+        for policy in shown:
+            policy._hour = totals.get(policy.name)
+        return changelist
+
+    @staticmethod
+    def _hour(obj: Policy, attr: str) -> str:
+        counts = getattr(obj, "_hour", None)
+        return UNKNOWN if counts is None else f"{getattr(counts, attr):,}"
+
+    @admin.display(description="admitted (1 h)")
+    def hour_admitted(self, obj: Policy) -> str:
+        return self._hour(obj, "admitted")
+
+    @admin.display(description="rejected (1 h)")
+    def hour_rejected(self, obj: Policy) -> str:
+        return self._hour(obj, "rejected")
+
+    @admin.display(description="would reject (1 h)")
+    def hour_would_reject(self, obj: Policy) -> str:
+        return self._hour(obj, "would_reject")
+
+    @admin.display(description="refused share (1 h)")
+    def hour_share(self, obj: Policy) -> str:
+        return _share(getattr(obj, "_hour", None))
+
+    # -- a policy's page: charts, offenders, reset one client --------------------------
+
+    def get_urls(self) -> list[Any]:
+        own = [
+            path(
+                "<path:object_id>/reset-client/",
+                self.admin_site.admin_view(self.reset_client_view),
+                name="ratelimits_policy_reset_client",
+            ),
+            path(
+                "dashboard/",
+                self.admin_site.admin_view(self.dashboard_view),
+                name="ratelimits_policy_dashboard",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def change_view(
+        self, request: Any, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        extra = dict(extra_context or {})
+        policy = self.get_object(request, object_id)
+        if policy is not None:
+            extra.update(observation(policy))
+            extra["can_reset"] = self.has_change_permission(request, policy)
+        return super().change_view(request, object_id, form_url, extra)
+
+    def reset_client_view(self, request: Any, object_id: str) -> Any:
+        """Forget one client's state under this policy (POST with `identity`)."""
+        policy = get_object_or_404(Policy, pk=object_id)
+        if request.method != "POST" or not self.has_change_permission(request, policy):
+            raise PermissionDenied
+        identity = (request.POST.get("identity") or "").strip()
+        back = reverse("admin:ratelimits_policy_change", args=[policy.pk])
+        if not identity:
+            self.message_user(request, "Enter the client to reset, as the offenders table "
+                              "shows it.", messages.ERROR)
+            return HttpResponseRedirect(back)
+        from ratelimits.resolver import compile_policy
+        from ratelimits.store import get_engine
+
+        identity = as_identity(policy.key, identity)
+        try:
+            get_engine().reset(compile_policy(policy).limit_for(identity))
+        except Exception as exc:
+            self.message_user(request, f"Could not reset {identity!r}: the store did not "
+                              f"answer ({exc}).", messages.ERROR)
+            return HttpResponseRedirect(back)
+        self.log_change(request, policy, f"Reset client {identity!r}.")
+        self.message_user(request, f"Reset {identity!r} under {policy.name}: its next "
+                          "request starts from a full allowance.", messages.SUCCESS)
+        return HttpResponseRedirect(back)
+
+    def dashboard_view(self, request: Any) -> Any:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(
+            request,
+            "admin/ratelimits/dashboard.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Rate-limit dashboard",
+                "opts": self.model._meta,
+                "rows": dashboard_rows(list(Policy.objects.all())),
+            },
+        )
+
+    def changelist_view(self, request: Any, extra_context: Any = None) -> Any:
+        extra = dict(extra_context or {})
+        extra["dashboard_url"] = reverse("admin:ratelimits_policy_dashboard")
+        return super().changelist_view(request, extra)
 
     def construct_change_message(
         self, request: Any, form: Any, formsets: Any, add: bool = False
@@ -60,9 +199,11 @@ class PolicyAdmin(admin.ModelAdmin):
     def rate(self, obj: Policy) -> str:
         return obj.human_rate()
 
-    @admin.display(description="methods", ordering="methods")
-    def methods_display(self, obj: Policy) -> str:
-        return obj.methods or "all"
+    @admin.display(description="requests", ordering="path")
+    def matches(self, obj: Policy) -> str:
+        """Methods, path and DRF scope in one column: "POST /api/login/ (scope uploads)"."""
+        text = f"{obj.methods or 'any'} {obj.path or '*'}"
+        return f"{text} (scope {obj.scope})" if obj.scope else text
 
     def _switch(self, request: Any, queryset: Any, mode: str) -> None:
         changed = list(queryset.exclude(mode=mode))
@@ -90,3 +231,96 @@ class PolicyAdmin(admin.ModelAdmin):
     @admin.action(description="Turn off", permissions=["change"])
     def turn_off(self, request: Any, queryset: Any) -> None:
         self._switch(request, queryset, Mode.OFF)
+
+
+def as_identity(key: str, text: str) -> str:
+    """The identity as the engine knows it ("ip:203.0.113.7", "user:42") from what an
+    operator typed: the offenders table shows it whole; a bare value gets the key's kind."""
+    import ipaddress
+
+    from ratelimits.identity import _bounded
+
+    kind = key.split(":", 1)[0]
+    if text.split(":", 1)[0] in {"ip", "user", "header", "query", "global", "call", kind}:
+        return text
+    try:
+        ipaddress.ip_address(text)
+        looks_ip = True
+    except ValueError:
+        looks_ip = False
+    if kind == "user_or_ip":
+        kind = "ip" if looks_ip else "user"
+    return _bounded(kind, text)
+
+
+def observation(policy: Policy) -> dict[str, Any]:
+    """A policy page's figures: three pipelined round trips (hour, day, offenders)."""
+    name = policy.name
+    hour = _read("the last hour", observe.series, [name], 60)
+    day = _read("the last day", observe.series, [name], 24 * 60)
+    offenders = _read("the offenders", observe.offenders, name, 20)
+    context: dict[str, Any] = {"store_unreadable": hour is None or day is None}
+    if hour is not None:
+        minutes = hour[name]
+        context["hour_counts"] = sum(minutes, observe.Counts())
+        context["hour_share"] = _share(context["hour_counts"])
+        context["hour_chart"] = mark_safe(charts.line_chart(  # every text in it is escaped
+            minutes, title=f"{name}: requests per minute, last hour",
+            axis=("60 min ago", "30 min ago", "now"),
+        ))
+        context["hour_rows"] = [
+            (f"{60 - i} min ago" if i < 59 else "this minute", c)
+            for i, c in enumerate(minutes) if c.total
+        ][::-1]
+    if day is not None:
+        tens = observe.buckets(day[name], 10)
+        context["day_chart"] = mark_safe(charts.line_chart(  # every text in it is escaped
+            tens, title=f"{name}: requests per 10 minutes, last 24 hours",
+            axis=("24 h ago", "12 h ago", "now"), markers_every=12,
+        ))
+    context["offenders"] = offenders
+    context["key_kind"] = policy.key.split(":", 1)[0]
+    return context
+
+
+def dashboard_rows(policies: list[Policy]) -> list[dict[str, Any]]:
+    """Every policy's last hour as a sparkline and totals: one round trip in all."""
+    names = [p.name for p in policies]
+    per_minute = _read("the dashboard", observe.series, names, 60) if names else {}
+    rows = []
+    for policy in policies:
+        minutes = None if per_minute is None else per_minute.get(policy.name)
+        counts = None if minutes is None else sum(minutes, observe.Counts())
+        rows.append({
+            "policy": policy,
+            "url": reverse("admin:ratelimits_policy_change", args=[policy.pk]),
+            "counts": counts,
+            "share": _share(counts),
+            "spark": mark_safe(charts.sparkline(minutes)) if minutes else "",
+        })
+    return rows
+
+
+@admin.register(PolicyDashboard)
+class PolicyDashboardAdmin(admin.ModelAdmin):
+    """An entry on the admin index that opens the dashboard."""
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: Any, obj: Any = None) -> bool:
+        return request.user.has_perm("ratelimits.view_policy") or request.user.has_perm(
+            "ratelimits.change_policy"
+        )
+
+    def has_module_permission(self, request: Any) -> bool:
+        return self.has_view_permission(request)
+
+    def changelist_view(self, request: Any, extra_context: Any = None) -> Any:
+        return HttpResponseRedirect(reverse("admin:ratelimits_policy_dashboard"))

@@ -220,3 +220,12 @@ class Policy(models.Model):
         return text
 
     human_rate.short_description = "rate"  # type: ignore[attr-defined]
+
+
+class PolicyDashboard(Policy):
+    """No table of its own: the admin index entry that opens the policies' dashboard."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"

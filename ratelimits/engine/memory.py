@@ -324,6 +324,16 @@ class MemoryEngine:
             floor = counts.pop(lowest)
         counts[who] = floor + 1
 
+    def counters_many(self, wanted: Sequence[tuple[str, int]]) -> list[dict[str, int]]:
+        """`counters()` of many (name, minute) pairs."""
+        return [self.counters(name, minute) for name, minute in wanted]
+
+    def offenders_many(
+        self, wanted: Sequence[tuple[str, int]], n: int = 10
+    ) -> list[list[tuple[str, int]]]:
+        """`offenders()` of many (name, hour) pairs."""
+        return [self.offenders(name, hour, n) for name, hour in wanted]
+
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
         """The clients one policy refused most (with would-be refusals) in one hour."""
         with self._lock:

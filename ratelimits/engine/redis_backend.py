@@ -176,6 +176,29 @@ class RedisEngine:
         raw = self.client.hgetall(stats_key(self.prefix, name, minute))
         return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
 
+    def counters_many(self, wanted: Sequence[tuple[str, int]]) -> list[dict[str, int]]:
+        """`counters()` of many (name, minute) pairs in one pipelined round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for name, minute in wanted:
+            pipe.hgetall(stats_key(self.prefix, name, minute))
+        return [
+            {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+            for raw in pipe.execute()
+        ]
+
+    def offenders_many(
+        self, wanted: Sequence[tuple[str, int]], n: int = 10
+    ) -> list[list[tuple[str, int]]]:
+        """`offenders()` of many (name, hour) pairs in one pipelined round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for name, hour in wanted:
+            pipe.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1, withscores=True)
+        return [
+            [(k.decode("utf-8", "surrogatepass") if isinstance(k, bytes) else k, int(v))
+             for k, v in raw]
+            for raw in pipe.execute()
+        ]
+
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
         """The clients one policy refused most (with would-be refusals) in one hour."""
         raw = self.client.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1,

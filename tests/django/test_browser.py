@@ -1,0 +1,111 @@
+"""Observe, then enforce, as an operator does it: a real Chromium drives the admin.
+
+Debian's Chromium (`make test` installs it) is driven by Playwright for Python through
+its executable path; Playwright's own browser download is never used. Screenshots go to
+a temporary directory, or to `RATELIMITS_SCREENSHOTS` (`make screenshots` sets it to
+docs/img, the pictures the README shows).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+# The machine's network is closed: keep Chromium from reaching out at start.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def browser_page(monkeypatch):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM}: `make test` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the ORM calls made here
+    # (fixtures, assertions) are plain synchronous calls all the same.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1700, "height": 900})
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    target = os.environ.get("RATELIMITS_SCREENSHOTS")
+    path = Path(target) if target else tmp_path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.mark.slow
+def test_observe_in_shadow_then_enforce_from_the_admin(
+    live_server, browser_page, shots, django_user_model
+):
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    page, base = browser_page, live_server.url
+
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base}/admin/")
+
+    # a new policy: shadow is the default mode, nothing is refused yet
+    page.goto(f"{base}/admin/ratelimits/policy/add/")
+    assert page.locator("#id_mode").input_value() == "shadow"
+    page.fill("#id_name", "hello-shadow")
+    page.select_option("#id_algorithm", "sliding_log")  # exact, no window edge
+    page.fill("#id_limit", "3")
+    page.fill("#id_period", "3600")
+    page.fill("#id_key", "ip")
+    page.fill("#id_path", "/hello/")
+    page.click("input[name=_save]")
+    assert "was added successfully" in page.locator(".messagelist").inner_text()
+
+    statuses = [page.request.get(f"{base}/hello/").status for _ in range(7)]
+    assert statuses == [200] * 7  # shadow: every request passes
+
+    page.goto(f"{base}/admin/ratelimits/policy/")
+    row = page.locator("#result_list tbody tr", has_text="hello-shadow")
+    assert row.locator("td.field-hour_admitted").inner_text() == "3"
+    assert row.locator("td.field-hour_would_reject").inner_text() == "4"
+    assert row.locator("td.field-hour_share").inner_text() == "57.1%"
+    page.locator("#content").screenshot(path=str(shots / "policy-list.png"))
+
+    row.locator("th a").click()
+    assert page.locator("#rl-would-reject").inner_text() == "4"
+    assert page.locator("#rl-admitted").inner_text() == "3"
+    assert page.locator("svg.rl-chart").count() == 2
+    assert page.locator("#rl-offenders").inner_text().count("ip:127.0.0.1") == 1
+    page.locator("#observe").screenshot(path=str(shots / "policy-page.png"))
+
+    # enforce it with the admin action: the next request is refused
+    page.goto(f"{base}/admin/ratelimits/policy/")
+    row = page.locator("#result_list tbody tr", has_text="hello-shadow")
+    row.locator("input.action-select").check()
+    page.select_option("select[name=action]", "switch_to_enforce")
+    page.click("button[name=index]")
+    assert "Switched to enforce: hello-shadow" in page.locator(".messagelist").inner_text()
+    response = page.request.get(f"{base}/hello/")
+    assert response.status == 429
+    assert int(response.headers["retry-after"]) >= 1
+
+    page.goto(f"{base}/admin/ratelimits/policy/dashboard/")
+    assert page.locator("svg.rl-spark").count() == 1
+    page.locator("#content").screenshot(path=str(shots / "dashboard.png"))

@@ -1,0 +1,164 @@
+"""What the admin shows of each policy: last-hour columns, charts, offenders, reset, dashboard."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratelimits import observe
+from ratelimits.store import get_engine
+
+URL = "/admin/ratelimits/policy/"
+
+
+@pytest.fixture
+def staff(django_user_model, client):
+    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    return user
+
+
+def hit(client, n: int, ip: str = "203.0.113.7", path: str = "/hello/") -> list[int]:
+    return [client.get(path, REMOTE_ADDR=ip).status_code for _ in range(n)]
+
+
+def test_counters_add_up_to_the_requests_sent(any_store, client, make_policy):
+    make_policy(name="enforced", limit=2)
+    make_policy(name="watch", limit=1, mode="shadow")
+    statuses = hit(client, 5)
+    assert statuses == [200, 200, 429, 429, 429]
+    totals = observe.last_hour(["enforced", "watch"])
+    assert totals["enforced"] == observe.Counts(admitted=2, rejected=3)
+    # the shadow policy admitted the first, would have refused the next one, then the
+    # enforced policy refused the rest: would-reject whatever the other policy did
+    assert totals["watch"] == observe.Counts(admitted=1, would_reject=4)
+    assert sum(c.total for c in totals.values()) == 2 * len(statuses)
+
+
+def test_list_shows_each_policys_last_hour(admin_client, client, make_policy):
+    make_policy(name="login", limit=2, path="/hello/")
+    make_policy(name="quiet", path="/search/")
+    hit(client, 5)
+    response = admin_client.get(URL)
+    rows = {p.name: p for p in response.context["cl"].result_list}
+    assert rows["login"]._hour == observe.Counts(admitted=2, rejected=3)
+    assert rows["quiet"]._hour == observe.Counts()
+    page = response.content.decode()
+    assert "rejected (1 h)" in page.lower() and "would reject (1 h)" in page.lower()
+    assert "60.0%" in page  # 3 of 5 refused
+    assert "—" in page  # no traffic: no share
+
+
+def test_policy_page_charts_offenders_and_shadow_advice(admin_client, client, make_policy):
+    policy = make_policy(name="search-watch", limit=1, mode="shadow", path="/hello/")
+    hit(client, 4, ip="198.51.100.1")
+    hit(client, 2, ip="198.51.100.2")
+    response = admin_client.get(f"{URL}{policy.pk}/change/")
+    ctx = response.context
+    assert ctx["hour_counts"] == observe.Counts(admitted=2, would_reject=4)
+    assert ctx["offenders"] == [("ip:198.51.100.1", 3), ("ip:198.51.100.2", 1)]
+    page = response.content.decode()
+    assert page.count('class="rl-chart"') == 2  # last hour and last 24 hours
+    assert "would reject (shadow) (4)" in page  # legend names the series with its total
+    assert 'stroke-dasharray="2 3"' in page  # told apart by pattern, not colour alone
+    assert "Switch to enforce" in page
+    assert "<code>ip:198.51.100.1</code>" in page
+
+
+def test_reset_this_client_lets_it_through_again(admin_client, client, make_policy):
+    policy = make_policy(name="login", limit=1, path="/hello/")
+    assert hit(client, 2, ip="192.0.2.9") == [200, 429]
+    assert hit(client, 1, ip="192.0.2.10") == [200]
+    response = admin_client.post(
+        f"{URL}{policy.pk}/reset-client/", {"identity": "192.0.2.9"}, follow=True
+    )
+    assert "Reset &#x27;ip:192.0.2.9&#x27; under login" in response.content.decode()
+    assert hit(client, 1, ip="192.0.2.9") == [200]
+    assert hit(client, 1, ip="192.0.2.10") == [429]  # only that client was reset
+
+
+def test_reset_needs_a_post_and_the_change_permission(client, staff, make_policy):
+    from django.contrib.auth.models import Permission
+
+    policy = make_policy(name="login", limit=1, path="/hello/")
+    staff.user_permissions.add(Permission.objects.get(codename="view_policy"))
+    assert client.get(f"{URL}{policy.pk}/reset-client/").status_code == 403
+    assert client.post(f"{URL}{policy.pk}/reset-client/", {"identity": "x"}).status_code == 403
+
+
+def test_dashboard_is_linked_from_the_index_and_shows_every_policy(admin_client, client,
+                                                                  make_policy):
+    make_policy(name="a-policy", limit=1, path="/hello/")
+    make_policy(name="b-policy", path="/search/", mode="shadow")
+    hit(client, 3)
+    index = admin_client.get("/admin/").content.decode()
+    assert "/admin/ratelimits/policydashboard/" in index
+    assert admin_client.get("/admin/ratelimits/policydashboard/").url == f"{URL}dashboard/"
+    page = admin_client.get(f"{URL}dashboard/").content.decode()
+    assert page.count('class="rl-spark"') == 2
+    assert "a-policy" in page and "b-policy" in page
+    assert "66.7%" in page  # a-policy: 2 of 3 refused
+
+
+def test_pages_cost_a_bounded_number_of_round_trips_and_never_scan(
+    admin_client, client, make_policy, redis_client
+):
+    for i in range(12):
+        make_policy(name=f"p{i}", path=f"/p{i}/")
+    policy = make_policy(name="login", limit=1, path="/hello/")
+    hit(client, 3)
+    engine = get_engine()
+    pipelines = []
+    original = engine.client.pipeline
+
+    def counting(*args, **kwargs):  # a spy: the real pipeline still runs
+        pipelines.append(1)
+        return original(*args, **kwargs)
+
+    engine.client.pipeline = counting
+    redis_client.config_resetstat()
+    try:
+        for page in (URL, f"{URL}{policy.pk}/change/", f"{URL}dashboard/"):
+            before = len(pipelines)
+            assert admin_client.get(page).status_code == 200
+            # the list and the dashboard: one pipeline for all 13 policies; a policy's
+            # page: its hour, its day, its offenders
+            assert len(pipelines) - before <= 3, page
+    finally:
+        engine.client.pipeline = original
+    stats = redis_client.info("commandstats")
+    assert not any(k in stats for k in ("cmdstat_keys", "cmdstat_scan"))
+
+
+def test_pages_open_with_unknown_figures_when_the_store_is_down(admin_client, make_policy,
+                                                                settings):
+    from tests.redis_server import free_port
+
+    policy = make_policy(name="login", limit=1)
+    settings.CACHES = {
+        **settings.CACHES,
+        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
+    }
+    listing = admin_client.get(URL)
+    assert listing.status_code == 200
+    assert listing.context["cl"].result_list[0]._hour is None
+    page = admin_client.get(f"{URL}{policy.pk}/change/")
+    assert page.status_code == 200
+    assert "The store did not answer" in page.content.decode()
+    assert admin_client.get(f"{URL}dashboard/").status_code == 200
+
+
+@pytest.mark.parametrize("minutes", [60, 1440])
+def test_series_is_oldest_first_with_the_current_minute_last(memory_store, minutes):
+    from ratelimits.engine import Limit
+
+    engine = get_engine()
+    now = 1_800_000_000.0
+    limit = Limit("c", "fixed_window", 1, 60, name="s")
+    engine.evaluate([limit], now=now - 120)  # two minutes ago: admitted
+    engine.evaluate([limit], now=now)  # this minute: admitted (new window)
+    engine.evaluate([limit], now=now)  # refused
+    counts = observe.series(["s"], minutes, now=now)["s"]
+    assert len(counts) == minutes
+    assert counts[-1] == observe.Counts(admitted=1, rejected=1)
+    assert counts[-3] == observe.Counts(admitted=1)
+    assert sum(counts, observe.Counts()).total == 3
