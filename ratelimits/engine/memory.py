@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ratelimits.engine.assemble import assemble
 from ratelimits.engine.keys import (
@@ -245,6 +245,19 @@ ALGORITHMS: dict[str, tuple[CheckFn, CommitFn]] = {
 }
 
 
+class Prepared(NamedTuple):
+    """One limit's key and figures, computed once by `MemoryEngine.prepare()`."""
+
+    key: str
+    check: CheckFn
+    commit: CommitFn
+    limit: float
+    period_us: float
+    burst: float
+    cost: float
+    shadow: bool
+
+
 class MemoryEngine:
     """Same `evaluate` as `RedisEngine`, with the state in this process. Thread-safe."""
 
@@ -301,6 +314,47 @@ class MemoryEngine:
                 raw += [r[0], r[1], r[2], r[3], r[4], charged]
             version = self._version if self.version_key else None
         return assemble(limits, raw, admitted=admitted, version=version, token=token)
+
+    def prepare(self, limit: Limit) -> Prepared:
+        """A limit made ready for `decide()`: key hashed and figures converted once."""
+        check, commit = ALGORITHMS[limit.algorithm]
+        return Prepared(
+            base_key(self.prefix, limit),
+            check,
+            commit,
+            float(limit.limit),
+            float(period_us(limit)),
+            float(burst_of(limit)),
+            float(limit.cost),
+            limit.shadow,
+        )
+
+    def decide(self, prepared: Sequence[Prepared], now: float) -> tuple[bool, list[int]]:
+        """`evaluate()` reduced to its decision, for replaying logs (millions of calls).
+
+        The same algorithms and the same all-or-nothing charge; but no `Decision`, no
+        per-minute counters and no offenders (the caller counts). Returns whether the
+        request was admitted and, per limit, 1 if that limit alone would admit it.
+        """
+        now_f = float(to_us(now))
+        with self._lock:
+            store = self._store
+            store.sweep(now_f)
+            checks = [
+                check(store, key, now_f, L, P, B, c) for key, check, _, L, P, B, c, _ in prepared
+            ]
+            verdicts = [r[0] for r in checks]
+            if 0 in verdicts:
+                for p, allowed in zip(prepared, verdicts, strict=False):
+                    if not allowed and not p.shadow:
+                        return False, verdicts
+            token = ""  # names concurrency slots only (nothing releases them here)
+            for (key, _, commit, _, P, _, c, _), r in zip(prepared, checks, strict=False):
+                if r[0] == 1:
+                    if commit is _concurrency_commit and not token:
+                        token = new_token()
+                    commit(store, key, now_f, P, c, r, token)
+        return True, verdicts
 
     def _count(self, key: str, field: str, now: float) -> None:
         counts: dict[str, int] = self._store.get(key, now) or {}
