@@ -147,10 +147,18 @@ class PolicyAdmin(admin.ModelAdmin):
             self.message_user(request, "Enter the client to reset, as the offenders table "
                               "shows it.", messages.ERROR)
             return HttpResponseRedirect(back)
+        from ratelimits.conf import get_config
+        from ratelimits.identity import identity_from_text
         from ratelimits.resolver import compile_policy
         from ratelimits.store import get_engine
 
-        identity = as_identity(policy.key, identity)
+        try:
+            identity = identity_from_text(
+                policy.key.split(":", 1)[0], identity, get_config()["IPV6_PREFIX"]
+            )
+        except ValueError as exc:
+            self.message_user(request, f"Cannot reset {identity!r}: {exc}.", messages.ERROR)
+            return HttpResponseRedirect(back)
         try:
             get_engine().reset(compile_policy(policy).limit_for(identity))
         except Exception as exc:
@@ -231,26 +239,6 @@ class PolicyAdmin(admin.ModelAdmin):
     @admin.action(description="Turn off", permissions=["change"])
     def turn_off(self, request: Any, queryset: Any) -> None:
         self._switch(request, queryset, Mode.OFF)
-
-
-def as_identity(key: str, text: str) -> str:
-    """The identity as the engine knows it ("ip:203.0.113.7", "user:42") from what an
-    operator typed: the offenders table shows it whole; a bare value gets the key's kind."""
-    import ipaddress
-
-    from ratelimits.identity import _bounded
-
-    kind = key.split(":", 1)[0]
-    if text.split(":", 1)[0] in {"ip", "user", "header", "query", "global", "call", kind}:
-        return text
-    try:
-        ipaddress.ip_address(text)
-        looks_ip = True
-    except ValueError:
-        looks_ip = False
-    if kind == "user_or_ip":
-        kind = "ip" if looks_ip else "user"
-    return _bounded(kind, text)
 
 
 def observation(policy: Policy) -> dict[str, Any]:

@@ -287,6 +287,40 @@ def _bounded(kind: str, value: str) -> str:
     return identity
 
 
+def identity_from_text(kind: str, value: str, ipv6_prefix: int = 64) -> str:
+    """The identity a request would get under a `kind` key, from what an operator typed:
+    an identity as logs and the admin show it ("ip:203.0.113.7", "user:42", "ip:h:...")
+    or a bare value ("2001:db8::1" counts as its /64, as requests do). Raises ValueError
+    with a message for the operator when the value cannot be such an identity."""
+    import ipaddress
+
+    text = value.strip()
+    if kind == "global":
+        if text not in ("global", ""):
+            raise ValueError("this policy counts everyone together: the client is 'global'")
+        return "global"
+    kinds = ("user", "ip") if kind == "user_or_ip" else (kind,)
+    prefix, sep, rest = text.partition(":")
+    if sep and prefix in kinds:
+        if rest.startswith("h:"):
+            return text  # already a hashed identity, as the admin and logs show it
+        kind, text = prefix, rest
+    elif kind == "user_or_ip":
+        try:
+            ipaddress.ip_address(text.split("/", 1)[0])
+            kind = "ip"
+        except ValueError:
+            kind = "user"
+    if kind == "ip":
+        address = client_ip({"REMOTE_ADDR": text.split("/", 1)[0]}, (), ipv6_prefix)
+        if address is None:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 203.0.113.9)")
+        return f"ip:{address}"
+    if not text:
+        raise ValueError("the client is empty")
+    return _bounded(kind, text)
+
+
 def display_identity(identity: str) -> str:
     """A log-safe form: printable, control characters escaped, at most 80 characters."""
     text = identity if isinstance(identity, str) else str(identity)

@@ -162,3 +162,18 @@ def test_series_is_oldest_first_with_the_current_minute_last(memory_store, minut
     assert counts[-1] == observe.Counts(admitted=1, rejected=1)
     assert counts[-3] == observe.Counts(admitted=1)
     assert sum(counts, observe.Counts()).total == 3
+
+
+def test_reset_a_bare_ipv6_address_resets_its_64(admin_client, client, make_policy):
+    policy = make_policy(name="v6", limit=1, path="/hello/")
+    assert hit(client, 2, ip="2001:db8:1:2::7") == [200, 429]
+    admin_client.post(f"{URL}{policy.pk}/reset-client/", {"identity": "2001:db8:1:2::1"})
+    assert hit(client, 1, ip="2001:db8:1:2::99") == [200]  # same /64: reset
+
+
+def test_reset_refuses_what_cannot_be_a_client(admin_client, make_policy):
+    policy = make_policy(name="login", limit=1, path="/hello/")
+    response = admin_client.post(
+        f"{URL}{policy.pk}/reset-client/", {"identity": "not-an-ip"}, follow=True
+    )
+    assert "is not an IP address" in response.content.decode()

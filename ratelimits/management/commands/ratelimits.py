@@ -335,35 +335,12 @@ class Command(BaseCommand):
 
 def _identity(kind: str, value: str, ipv6_prefix: int) -> str:
     """The identity the middleware would have built for `value` under a `kind` key."""
-    import ipaddress
+    from ratelimits.identity import identity_from_text
 
-    from ratelimits.identity import _bounded, client_ip
-
-    text = value.strip()
-    if kind == "global":
-        if text not in ("global", ""):
-            raise CommandError("this policy counts everyone together: use --key global")
-        return "global"
-    kinds = ("user", "ip") if kind == "user_or_ip" else (kind,)
-    prefix, sep, rest = text.partition(":")
-    if sep and prefix in kinds:
-        if rest.startswith("h:"):
-            return text  # already a hashed identity, as status and logs show it
-        kind, text = prefix, rest
-    elif kind == "user_or_ip":
-        try:
-            ipaddress.ip_address(text.split("/", 1)[0])
-            kind = "ip"
-        except ValueError:
-            kind = "user"
-    if kind == "ip":
-        address = client_ip({"REMOTE_ADDR": text.split("/", 1)[0]}, (), ipv6_prefix)
-        if address is None:
-            raise CommandError(f"{value!r} is not an IP address (e.g. 203.0.113.9)")
-        return f"ip:{address}"
-    if not text:
-        raise CommandError("--key is empty")
-    return _bounded(kind, text)
+    try:
+        return identity_from_text(kind, value, ipv6_prefix)
+    except ValueError as exc:
+        raise CommandError(f"--key: {exc}") from exc
 
 
 def _dumps(data: Any) -> str:
