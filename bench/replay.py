@@ -105,7 +105,7 @@ def run(quick: bool = False) -> Section:
             rates.append(lines / (time.perf_counter() - start))
     assert report.lines == lines and report.requests == lines, report
     rate = median(rates)
-    section = Section("Access-log replay (`manage.py ratelimits replay`)")
+    section = Section("6. Access-log replay (`manage.py ratelimits replay`)")
     section.add(
         f"A synthetic combined log of {lines:,} lines ({CLIENTS:,} client IPs, Zipf-like, "
         "six paths, one hour) replayed against three policies that match every line: "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import capacity, common, e2e, engine, exactness, memory
+from bench import capacity, common, e2e, engine, exactness, memory, replay
 from bench.common import Section, table
 
 SECTIONS = {
@@ -26,6 +26,7 @@ SECTIONS = {
     "3": e2e.run,
     "4": memory.run,
     "5": exactness.run,
+    "6": replay.run,
 }
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [n.strip() for n in opts.only.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-5")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-6")
 
     start = time.perf_counter()
     sections = []
