@@ -344,30 +344,23 @@ def _report(request: Any, outcome: Outcome, sender: type) -> None:
     }
     extra = {f"ratelimits_{k}": v for k, v in kwargs.items() if k != "request"}
     if policy.shadow:
-        logger.warning(
-            "ratelimits: shadow policy %s would reject %s %s "
-            "(key %s, client %s, retry after %.1fs)",
-            policy.name,
-            http_request(request).method,
-            path,
-            policy.key_kind,
-            shown,
-            result.retry_after,
-            extra=extra,
+        level, what, signal = logging.WARNING, "shadow policy %s would reject", (
+            signals.request_would_be_limited
         )
-        signals.request_would_be_limited.send(sender=sender, **kwargs)
     else:
-        logger.info(
-            "ratelimits: policy %s rejected %s %s (key %s, client %s, retry after %.1fs)",
-            policy.name,
-            http_request(request).method,
-            path,
-            policy.key_kind,
-            shown,
-            result.retry_after,
-            extra=extra,
-        )
-        signals.request_limited.send(sender=sender, **kwargs)
+        level, what, signal = logging.INFO, "policy %s rejected", signals.request_limited
+    logger.log(
+        level,
+        f"ratelimits: {what} %s %s (key %s, client %s, retry after %.1fs)",
+        policy.name,
+        http_request(request).method,
+        path,
+        policy.key_kind,
+        shown,
+        result.retry_after,
+        extra=extra,
+    )
+    signal.send(sender=sender, **kwargs)
 
 
 def _is_exempt(request: Any, state: RequestState, config: Any) -> bool:

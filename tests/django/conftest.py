@@ -72,3 +72,11 @@ def make_policy(db, django_capture_on_commit_callbacks):
         return policy
 
     return make
+
+
+@pytest.fixture
+def staff(django_user_model, client):
+    """A staff user without model permissions, logged in on `client`."""
+    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    return user

@@ -12,13 +12,6 @@ pytestmark = pytest.mark.django_db
 URL = "/admin/ratelimits/policy/"
 
 
-@pytest.fixture
-def staff(django_user_model, client):
-    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
-    client.force_login(user)
-    return user
-
-
 def test_changelist_shows_the_human_rate_and_filters(admin_client, make_policy):
     make_policy(name="tokens", algorithm="token_bucket", limit=100, period=60, burst=20)
     make_policy(name="slow", limit=100, period=600, methods="POST")

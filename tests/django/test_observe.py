@@ -10,13 +10,6 @@ from ratelimits.store import get_engine
 URL = "/admin/ratelimits/policy/"
 
 
-@pytest.fixture
-def staff(django_user_model, client):
-    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
-    client.force_login(user)
-    return user
-
-
 def hit(client, n: int, ip: str = "203.0.113.7", path: str = "/hello/") -> list[int]:
     return [client.get(path, REMOTE_ADDR=ip).status_code for _ in range(n)]
 
