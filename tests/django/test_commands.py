@@ -317,3 +317,10 @@ def test_replay_progress_on_request(tmp_path, make_policy):
         stderr=err,
     )
     assert "replay: 100%" in err.getvalue()
+
+
+def test_status_says_it_cannot_see_in_process_counters(memory_store, make_policy):
+    make_policy(name="hello", path="/hello/")
+    out = io.StringIO()
+    call_command("ratelimits", "status", stdout=out)
+    assert "a command cannot see" in out.getvalue()

@@ -222,7 +222,16 @@ class Command(BaseCommand):
                 right={6, 7, 8, 9},
             )
         )
-        self.stdout.write("Figures: the last 60 minutes, all processes (the store's counters).")
+        from ratelimits import store
+
+        if store.is_shared():
+            self.stdout.write("Figures: the last 60 minutes, all processes (the store's counters).")
+        else:
+            self.stdout.write(
+                "Figures: none to read. Without a Redis cache each server process counts in its "
+                "own memory, which a command cannot see; the admin's pages (served by those "
+                "processes) show them, or set up Redis (RATELIMITS['CACHE'])."
+            )
 
     # -- reset ----------------------------------------------------------------------------
 
