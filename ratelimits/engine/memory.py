@@ -272,33 +272,23 @@ class MemoryEngine:
         """Check every limit and charge them all only if every enforced one admits."""
         now_f = float(to_us(time.time() if now is None else now))
         token = new_token()
-        keys = [base_key(self.prefix, limit) for limit in limits]
+        prepared = [self.prepare(limit) for limit in limits]
         with self._lock:
             store = self._store
             store.sweep(now_f)
             checks = []
             admitted = True
-            for limit, key in zip(limits, keys, strict=True):
-                check = ALGORITHMS[limit.algorithm][0]
-                r = check(
-                    store,
-                    key,
-                    now_f,
-                    float(limit.limit),
-                    float(period_us(limit)),
-                    float(burst_of(limit)),
-                    float(limit.cost),
-                )
+            for key, check, _, L, P, B, c, shadow in prepared:
+                r = check(store, key, now_f, L, P, B, c)
                 checks.append(r)
-                if r[0] == 0 and not limit.shadow:
+                if r[0] == 0 and not shadow:
                     admitted = False
             raw: list[float] = []
             minute = math.floor(now_f / (60 * US))
-            for limit, key, r in zip(limits, keys, checks, strict=True):
+            for limit, p, r in zip(limits, prepared, checks, strict=True):
                 charged = 0
                 if r[0] == 1 and admitted:
-                    commit = ALGORITHMS[limit.algorithm][1]
-                    commit(store, key, now_f, float(period_us(limit)), float(limit.cost), r, token)
+                    p.commit(store, p.key, now_f, p.period_us, p.cost, r, token)
                     charged, field = 1, "a"
                 elif r[0] == 1:
                     r[1] += limit.cost
@@ -316,7 +306,7 @@ class MemoryEngine:
         return assemble(limits, raw, admitted=admitted, version=version, token=token)
 
     def prepare(self, limit: Limit) -> Prepared:
-        """A limit made ready for `decide()`: key hashed and figures converted once."""
+        """A limit made ready for `evaluate()` and `decide()`: key hashed, figures converted."""
         check, commit = ALGORITHMS[limit.algorithm]
         return Prepared(
             base_key(self.prefix, limit),
