@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -50,35 +51,12 @@ def scenarios(draw):
 def test_redis_and_memory_engines_agree(redis_client, scenario):
     chosen, steps = scenario
     run = next(_run)
-    chosen = [
-        Limit(
-            lim.key,
-            lim.algorithm,
-            lim.limit,
-            lim.period,
-            burst=lim.burst,
-            shadow=lim.shadow,
-            name=f"r{run}-{i}",
-        )
-        for i, lim in enumerate(chosen)
-    ]
+    chosen = [replace(lim, name=f"r{run}-{i}") for i, lim in enumerate(chosen)]
     redis_engine, memory_engine = RedisEngine(redis_client), MemoryEngine()
     now = T0
     for dt, cost, release in steps:
         now += dt
-        batch = [
-            Limit(
-                lim.key,
-                lim.algorithm,
-                lim.limit,
-                lim.period,
-                burst=lim.burst,
-                cost=min(cost, lim.capacity),
-                shadow=lim.shadow,
-                name=lim.name,
-            )
-            for lim in chosen
-        ]
+        batch = [replace(lim, cost=min(cost, lim.capacity)) for lim in chosen]
         a = redis_engine.evaluate(batch, now=now)
         b = memory_engine.evaluate(batch, now=now)
         assert a.allowed == b.allowed
