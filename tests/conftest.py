@@ -10,22 +10,31 @@ import redis
 
 from tests.redis_server import RedisProcess
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
-
-def _answers(url: str) -> bool:
+def _claim(url: str) -> None:
+    """Refuse a database that holds data the suite did not write: the suite flushes it."""
     try:
-        return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
-    except redis.RedisError:
-        return False
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        size = client.dbsize()
+    except redis.RedisError as exc:
+        pytest.fail(f"REDIS_URL={url} does not answer ({exc}); unset it to let the tests "
+                    "start a redis-server of their own")
+    if size:
+        pytest.fail(
+            f"REDIS_URL={url} holds {size} keys that these tests did not write, and the suite "
+            "flushes its database before and after each test. Point REDIS_URL at an empty "
+            "database, or unset it: the tests then start a private redis-server."
+        )
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    """`REDIS_URL`, else the local server, else a private redis-server; fails if none works."""
-    url = os.environ.get("REDIS_URL", DEFAULT_URL)
-    if _answers(url):
-        os.environ["REDIS_URL"] = url
+    """A private redis-server for this run (never a developer's own data); `REDIS_URL`
+    instead when set, provided its database is empty. Fails (never skips) when neither
+    works."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        _claim(url)
         yield url
         return
     server = RedisProcess().start()  # raises with a clear message when impossible
@@ -33,6 +42,7 @@ def redis_url() -> str:
     try:
         yield server.url
     finally:
+        os.environ.pop("REDIS_URL", None)
         server.stop()
 
 

@@ -1,0 +1,165 @@
+"""Server-drawn SVG charts of a policy's counts: no JavaScript, no CDN, no colour needed.
+
+Each series has its own line pattern (solid, long dashes, dots) and marker shape, the
+legend repeats both beside the name, and every chart carries a text summary (<title>,
+<desc>) for screen readers. Colour only adds to what the patterns already say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+
+from ratelimits.ops.observe import Counts
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    attr: str  # the Counts attribute drawn
+    dash: str  # stroke-dasharray ("" = solid)
+    marker: str  # "circle", "square" or "triangle"
+    colour: str
+
+
+SERIES = (
+    Series("admitted", "admitted", "", "circle", "#2f6f3e"),
+    Series("rejected", "rejected", "8 4", "square", "#b3261e"),
+    Series("would reject (shadow)", "would_reject", "2 3", "triangle", "#8a5a00"),
+)
+
+
+def _nice_max(value: int) -> int:
+    """The smallest of 1, 2, 5 × 10^k at or above `value` (at least 1)."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * step >= value:
+                return m * step
+        step *= 10
+
+
+def _marker(kind: str, x: float, y: float, colour: str, size: float = 3.0) -> str:
+    if kind == "circle":
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{size:.1f}" fill="{colour}"/>'
+    if kind == "square":
+        s = size * 1.8
+        return (
+            f'<rect x="{x - s / 2:.1f}" y="{y - s / 2:.1f}" width="{s:.1f}" height="{s:.1f}" '
+            f'fill="{colour}"/>'
+        )
+    s = size * 1.3
+    return (
+        f'<polygon points="{x:.1f},{y - s:.1f} {x - s:.1f},{y + s:.1f} {x + s:.1f},{y + s:.1f}" '
+        f'fill="{colour}"/>'
+    )
+
+
+def line_chart(
+    counts: Sequence[Counts],
+    *,
+    title: str,
+    axis: tuple[str, str, str],
+    width: int = 720,
+    height: int = 220,
+    markers_every: int = 10,
+) -> str:
+    """A line per series over `counts` (oldest first); `axis` labels left, middle, right."""
+    left, right, top, bottom = 48, 16, 16, 56
+    plot_w, plot_h = width - left - right, height - top - bottom
+    n = max(1, len(counts))
+    top_value = _nice_max(max((getattr(c, s.attr) for c in counts for s in SERIES), default=0))
+    totals = {s.label: sum(getattr(c, s.attr) for c in counts) for s in SERIES}
+    summary = "; ".join(f"{label}: {total:,}" for label, total in totals.items())
+
+    def x(i: int) -> float:
+        return left + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
+
+    def y(v: int) -> float:
+        return top + plot_h - plot_h * v / top_value
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="rl-chart" role="img" '
+        f'viewBox="0 0 {width} {height}" width="100%" style="max-width:{width}px">',
+        f"<title>{escape(title)}</title>",
+        f"<desc>Totals over the span: {escape(summary)}. Scale 0 to {top_value:,}.</desc>",
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+        'stroke="#999" stroke-width="1"/>',
+    ]
+    for frac in (0.0, 0.5, 1.0):
+        value = top_value * frac
+        yy = y(int(value)) if frac < 1 else top
+        parts.append(
+            f'<line x1="{left}" y1="{yy:.1f}" x2="{left + plot_w}" y2="{yy:.1f}" '
+            'stroke="#ddd" stroke-width="1"/>'
+        )
+        label = f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
+        parts.append(
+            f'<text x="{left - 6}" y="{yy + 4:.1f}" font-size="11" text-anchor="end" '
+            f'fill="currentColor">{label}</text>'
+        )
+    for anchor, xx, text in (
+        ("start", left, axis[0]),
+        ("middle", left + plot_w / 2, axis[1]),
+        ("end", left + plot_w, axis[2]),
+    ):
+        parts.append(
+            f'<text x="{xx:.1f}" y="{top + plot_h + 16}" font-size="11" '
+            f'text-anchor="{anchor}" fill="currentColor">{escape(text)}</text>'
+        )
+    for s in SERIES:
+        points = " ".join(f"{x(i):.1f},{y(getattr(c, s.attr)):.1f}" for i, c in enumerate(counts))
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        parts.append(
+            f'<polyline class="rl-{s.attr}" points="{points}" fill="none" stroke="{s.colour}" '
+            f'stroke-width="2"{dash}/>'
+        )
+        step = max(1, markers_every)
+        marked = sorted({*range(0, len(counts), step), len(counts) - 1} - {-1})
+        for i in marked:
+            parts.append(_marker(s.marker, x(i), y(getattr(counts[i], s.attr)), s.colour))
+    # the legend: pattern swatch, marker and name, with the span's total
+    lx, ly = left, height - 14
+    for s in SERIES:
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        parts.append(
+            f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 28}" y2="{ly - 4}" stroke="{s.colour}" '
+            f'stroke-width="2"{dash}/>'
+        )
+        parts.append(_marker(s.marker, lx + 14, ly - 4, s.colour))
+        label = f"{s.label} ({totals[s.label]:,})"
+        parts.append(
+            f'<text x="{lx + 34}" y="{ly}" font-size="12" fill="currentColor">'
+            f"{escape(label)}</text>"
+        )
+        lx += 40 + 7 * len(label)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def sparkline(counts: Sequence[Counts], *, width: int = 160, height: int = 28) -> str:
+    """Admitted (solid) and refused or would-be refused (dashed) in a small inline SVG."""
+    n = max(1, len(counts))
+    top_value = max(1, max((max(c.admitted, c.refused) for c in counts), default=0))
+    admitted = sum(c.admitted for c in counts)
+    refused = sum(c.refused for c in counts)
+
+    def points(values: Sequence[int]) -> str:
+        return " ".join(
+            f"{(width - 2) * i / max(1, n - 1) + 1:.1f},"
+            f"{height - 2 - (height - 4) * v / top_value:.1f}"
+            for i, v in enumerate(values)
+        )
+
+    label = f"admitted {admitted:,}, refused or would refuse {refused:,}"
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="rl-spark" role="img" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        f"<title>{escape(label)}</title>"
+        f'<polyline points="{points([c.admitted for c in counts])}" fill="none" '
+        f'stroke="{SERIES[0].colour}" stroke-width="1.5"/>'
+        f'<polyline points="{points([c.refused for c in counts])}" fill="none" '
+        f'stroke="{SERIES[1].colour}" stroke-width="1.5" stroke-dasharray="4 2"/>'
+        "</svg>"
+    )

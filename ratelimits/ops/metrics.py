@@ -1,0 +1,190 @@
+"""Prometheus metrics: what each policy decided and how long the engine took.
+
+Off unless `RATELIMITS["METRICS"]` is True and `prometheus_client` is installed. Whether
+it is on is worked out once per settings value (`recorder_for(config)`), so the request
+path pays one identity comparison when it is off and never attempts an import.
+
+The metrics live in prometheus_client's default registry: a site that already exposes
+it (django-prometheus, `start_http_server`, a multiprocess collector) gets ours on the
+same page, and `ratelimits.urls` serves that registry for a site that does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from ratelimits.conf import get_config
+
+logger = logging.getLogger("ratelimits")
+
+ADMITTED, REJECTED, WOULD_REJECT, SPARED, UNAVAILABLE = range(5)
+#: Values of the `outcome` label, indexed by the constants above.
+OUTCOMES = ("admitted", "rejected", "would_reject", "spared", "unavailable")
+
+#: An engine call is one Redis round trip (or a dict lookup in process): tens of
+#: microseconds to a few milliseconds, with the 100 ms default socket timeout as the tail.
+#: Twelve buckets per backend: cheap to store, fine enough to see a slow Redis.
+ENGINE_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+)
+
+
+class Recorder:
+    """The two metrics and their label children, resolved once per policy and backend."""
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        registry = REGISTRY if registry is None else registry
+        self.requests = Counter(
+            "ratelimits_requests",
+            "Requests each rate-limit policy decided, by outcome.",
+            ["policy", "outcome"],
+            registry=registry,
+        )
+        self.engine_seconds = Histogram(
+            "ratelimits_engine_seconds",
+            "Latency of the rate-limit engine call made for a request.",
+            ["backend"],
+            buckets=ENGINE_BUCKETS,
+            registry=registry,
+        )
+        # Plain dicts: a lost race only resolves the same child twice (labels() is locked).
+        self._policies: dict[str, tuple[Any, ...]] = {}
+        self._backends: dict[type, Any] = {}
+
+    def _children(self, name: str) -> tuple[Any, ...]:
+        children = self._policies.get(name)
+        if children is None:
+            labels = self.requests.labels
+            children = self._policies[name] = tuple(labels(name, o) for o in OUTCOMES)
+        return children
+
+    def _histogram(self, engine: Any) -> Any:
+        kind = type(engine)
+        child = self._backends.get(kind)
+        if child is None:
+            from ratelimits.engine import RedisEngine
+
+            backend = "redis" if issubclass(kind, RedisEngine) else "memory"
+            child = self._backends[kind] = self.engine_seconds.labels(backend)
+        return child
+
+    def decided(self, engine: Any, seconds: float, planned: Iterable[Any], decision: Any) -> None:
+        """One engine answer: its latency and each policy's outcome (never raises).
+
+        `planned`: (policy, identity) pairs in the order of `decision.results`. The
+        outcomes are the engine's per-minute counter fields: admitted means charged.
+        """
+        try:
+            self._histogram(engine).observe(seconds)
+            admitted = decision.allowed
+            for (policy, _), result in zip(planned, decision.results, strict=True):
+                if result.allowed:
+                    index = ADMITTED if admitted else SPARED
+                elif policy.shadow:
+                    index = WOULD_REJECT
+                else:
+                    index = REJECTED
+                self._children(policy.name)[index].inc()
+        except Exception as exc:
+            _failed(exc)
+
+    def unavailable(self, engine: Any, seconds: float, policies: Iterable[Any]) -> None:
+        """The store failed: the failed call's latency; each policy's on_error decides."""
+        try:
+            self._histogram(engine).observe(seconds)
+            for policy in policies:
+                self._children(policy.name)[UNAVAILABLE].inc()
+        except Exception as exc:
+            _failed(exc)
+
+
+_failure_logged = False
+
+
+def _failed(exc: Exception) -> None:
+    global _failure_logged
+    if not _failure_logged:
+        _failure_logged = True
+        logger.exception("ratelimits: recording metrics failed (%s); logged only once", exc)
+
+
+# -- whether metrics are on ------------------------------------------------------------------
+
+_default: Recorder | None = None  # metrics register once per process in the default registry
+_state: tuple[Any, Recorder | None] = (None, None)  # (the config it was decided for, recorder)
+
+
+def recorder_for(config: Mapping[str, Any]) -> Recorder | None:
+    """The recorder when metrics are on for this config, else None (cheap after the first)."""
+    seen, recorder = _state
+    if seen is config:
+        return recorder
+    return _decide(config)
+
+
+def _decide(config: Mapping[str, Any]) -> Recorder | None:
+    global _default, _state
+    recorder = None
+    if config["METRICS"] and available():
+        if _default is None:
+            _default = Recorder()
+        recorder = _default
+    _state = (config, recorder)
+    return recorder
+
+
+def available() -> bool:
+    """Whether prometheus_client can be imported."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- the scrape view -------------------------------------------------------------------------
+
+
+def _registry() -> Any:
+    from prometheus_client import REGISTRY
+
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ:
+        # Several worker processes: merge their files, as prometheus_client documents.
+        from prometheus_client import CollectorRegistry, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+@never_cache
+@require_safe
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The default registry in the exposition format the scraper asks for; 404 when off."""
+    if recorder_for(get_config()) is None:
+        raise Http404("ratelimits metrics are off")
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(_registry()), content_type=content_type)

@@ -1,0 +1,111 @@
+"""What the policies did: per-minute counts and top offenders, read for the admin,
+the management command and the metrics.
+
+The engine records them in the same call that decides a request (see `engine/lua/
+batch.lua`); this module only reads, in a bounded number of pipelined round trips: one
+for any number of policies' last hour, one for one policy's series, one for its
+offenders. Nothing here scans the keyspace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ratelimits.pipeline import store
+
+MINUTE = 60
+HOUR = 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Requests seen by one policy over some span.
+
+    `admitted`: passed and charged. `rejected`: refused by this (enforced) policy.
+    `would_reject`: a shadow policy would have refused. `spared`: this policy admitted
+    but another refused the request, so nothing was charged.
+    """
+
+    admitted: int = 0
+    rejected: int = 0
+    would_reject: int = 0
+    spared: int = 0
+
+    @classmethod
+    def of(cls, raw: dict[str, int]) -> Counts:
+        return cls(raw.get("a", 0), raw.get("r", 0), raw.get("w", 0), raw.get("o", 0))
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.admitted + other.admitted,
+            self.rejected + other.rejected,
+            self.would_reject + other.would_reject,
+            self.spared + other.spared,
+        )
+
+    @property
+    def total(self) -> int:
+        return self.admitted + self.rejected + self.would_reject + self.spared
+
+    @property
+    def refused(self) -> int:
+        """Refusals, real or (shadow) would-be: what the policy stands against."""
+        return self.rejected + self.would_reject
+
+    @property
+    def refused_share(self) -> float | None:
+        """The share of requests refused or would-be refused; None with no traffic."""
+        return self.refused / self.total if self.total else None
+
+
+def current_minute(now: float | None = None) -> int:
+    return int((time.time() if now is None else now) // MINUTE)
+
+
+def series(
+    names: Sequence[str], minutes: int, *, now: float | None = None, engine: Any = None
+) -> dict[str, list[Counts]]:
+    """Per-minute counts of each policy over the last `minutes` minutes, oldest first,
+    the current (partial) minute last. One pipelined round trip in all."""
+    engine = engine or store.get_engine()
+    last = current_minute(now)
+    span = range(last - minutes + 1, last + 1)
+    raw = engine.counters_many([(name, m) for name in names for m in span])
+    out: dict[str, list[Counts]] = {}
+    for i, name in enumerate(names):
+        out[name] = [Counts.of(r) for r in raw[i * minutes : (i + 1) * minutes]]
+    return out
+
+
+def last_hour(
+    names: Sequence[str], *, now: float | None = None, engine: Any = None
+) -> dict[str, Counts]:
+    """Each policy's totals over the last 60 minutes, in one round trip."""
+    per_minute = series(names, 60, now=now, engine=engine)
+    return {name: sum(counts, Counts()) for name, counts in per_minute.items()}
+
+
+def offenders(
+    name: str, n: int = 10, *, now: float | None = None, engine: Any = None
+) -> list[tuple[str, int]]:
+    """The clients this policy refused (or would have) most in the current and previous
+    clock hour, merged, most first. One round trip."""
+    engine = engine or store.get_engine()
+    hour = int((time.time() if now is None else now) // HOUR)
+    merged: dict[str, int] = {}
+    for listing in engine.offenders_many([(name, hour - 1), (name, hour)], n):
+        for who, count in listing:
+            merged[who] = merged.get(who, 0) + count
+    return sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+def buckets(counts: Sequence[Counts], size: int) -> list[Counts]:
+    """Sum consecutive runs of `size` entries (e.g. 1,440 minutes into 10-minute bars)."""
+    return [sum(counts[i : i + size], Counts()) for i in range(0, len(counts), size)]
+
+
+def names_of(policies: Iterable[Any]) -> list[str]:
+    return [p.name for p in policies]

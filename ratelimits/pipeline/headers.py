@@ -1,0 +1,67 @@
+"""Rate-limit response headers: the IETF draft fields and the legacy X-RateLimit-* trio.
+
+IETF style follows draft-ietf-httpapi-ratelimit-headers-10:
+``RateLimit-Policy: "name";q=100;w=60`` and ``RateLimit: "name";r=42;t=17``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from ratelimits.pipeline.evaluation import Outcome
+
+
+def closest(outcomes: Iterable[Outcome]) -> Outcome | None:
+    """The enforced outcome a client should watch: a rejection, else the fewest remaining."""
+    enforced = [o for o in outcomes if o.result is not None and not o.policy.shadow]
+    if not enforced:
+        return None
+    rejected = [o for o in enforced if not o.result.allowed]
+    if rejected:
+        return max(rejected, key=lambda o: o.result.retry_after)
+    return min(enforced, key=lambda o: (o.result.remaining, -o.result.reset_after))
+
+
+def _sf_string(value: str) -> str:
+    """A structured-field String (RFC 8941): printable ASCII, quotes and backslashes escaped."""
+    cleaned = "".join(c if 0x20 <= ord(c) < 0x7F else "?" for c in value)
+    return '"' + cleaned.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _seconds(value: float) -> int:
+    return max(0, math.ceil(value))
+
+
+def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
+    """The headers describing one policy's state for this client, in `style`."""
+    limit, result = outcome.result.limit, outcome.result
+    quota = limit.capacity
+    remaining = max(0, int(result.remaining))
+    reset = _seconds(result.reset_after if result.allowed else result.retry_after)
+    headers: dict[str, str] = {}
+    if style in ("ietf", "both"):
+        name = _sf_string(outcome.policy.name)
+        policy = f"{name};q={quota}"
+        if limit.algorithm != "concurrency":
+            policy += f";w={_seconds(limit.period)}"
+        headers["RateLimit-Policy"] = policy
+        headers["RateLimit"] = f"{name};r={remaining};t={reset}"
+    if style in ("legacy", "both"):
+        headers["X-RateLimit-Limit"] = str(quota)
+        headers["X-RateLimit-Remaining"] = str(remaining)
+        headers["X-RateLimit-Reset"] = str(reset)
+    return headers
+
+
+def apply(response: Any, outcomes: Iterable[Outcome], style: str) -> None:
+    """Add the headers of the closest enforced limit; never overwrite what a view set."""
+    if style == "none":
+        return
+    chosen = closest(outcomes)
+    if chosen is None:
+        return
+    for name, value in rate_headers(chosen, style).items():
+        if name not in response:
+            response[name] = value

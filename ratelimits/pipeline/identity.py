@@ -1,0 +1,331 @@
+"""Who is the client: policy key specs, and the client IP behind trusted proxies.
+
+Nothing here imports Django: requests are read through duck typing (`META`, `GET`,
+`user`), so both Django `HttpRequest` and DRF `Request` objects work.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "IdentityError",
+    "KeySpec",
+    "client_ip",
+    "display_identity",
+    "parse_key",
+    "parse_trusted_proxies",
+]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+MAX_IDENTITY = 200
+_MAX_HOPS = 64
+_MAX_HEADER = 8192  # read from the right: the hops nearest to us are the trustworthy ones
+_MAX_DISPLAY = 80
+
+KINDS = ("ip", "user", "user_or_ip", "global", "header", "query", "call")
+_SIMPLE = frozenset({"ip", "user", "user_or_ip", "global"})
+_USAGE = "use ip, user, user_or_ip, global, header:<Name>, query:<name> or call:<dotted.path>"
+_TOKEN = re.compile(r"[!#$%&'*+\-.^`|~0-9A-Za-z]+")  # RFC 9110 token, minus '_' (see below)
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", re.ASCII)
+# Django does not give these two the HTTP_ prefix in META.
+_UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})
+
+
+class IdentityError(Exception):
+    """A key could not identify the client (e.g. a `call:` function raised)."""
+
+
+def parse_trusted_proxies(values: Iterable[str]) -> list[Network]:
+    """Each item an IP address or CIDR network (host bits allowed); ValueError names the bad one."""
+    networks = []
+    for item in values:
+        try:
+            if not isinstance(item, str):
+                raise ValueError
+            networks.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"entry {item!r} is not an IP address or CIDR network; "
+                "write e.g. '10.0.0.1' or '10.0.0.0/8'"
+            ) from None
+    return networks
+
+
+def client_ip(
+    meta: Mapping[str, Any], trusted_proxies: Sequence[Network], ipv6_prefix: int = 64
+) -> str | None:
+    """The client address (IPv6 as its /`ipv6_prefix` network); None when there is none."""
+    current = _parse_address(meta.get("REMOTE_ADDR"))
+    if current is None:
+        return None
+    if _is_trusted(current, trusted_proxies):
+        # Only a trusted peer may speak for someone else. X-Forwarded-For wins over
+        # Forwarded because it is what almost every proxy sets.
+        xff = meta.get("HTTP_X_FORWARDED_FOR")
+        if isinstance(xff, str) and xff.strip():
+            hops = (_parse_address(hop) for hop in _rightmost(xff))
+        else:
+            fwd = meta.get("HTTP_FORWARDED")
+            hops = (_forwarded_for(e) for e in _rightmost(fwd if isinstance(fwd, str) else ""))
+        for hop in hops:
+            if hop is None:
+                break  # garbage or an obfuscated hop: keep the last one we could read
+            current = hop
+            if not _is_trusted(hop, trusted_proxies):
+                break
+    return _format(current, ipv6_prefix)
+
+
+def _rightmost(header: str) -> list[str]:
+    """The comma-separated items of a header, right-most first, bounded."""
+    cut = len(header) > _MAX_HEADER
+    items = header[-_MAX_HEADER:].split(",")
+    if cut:
+        items = items[1:]  # the left-most piece was cut mid-value
+    return items[::-1][:_MAX_HOPS]
+
+
+def _parse_address(value: Any) -> Address | None:
+    """An address from `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`; None if anything else."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not text or len(text) > 64:
+        return None
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return None
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+        if not port.isdigit():
+            return None
+    else:
+        host = text
+    host = host.split("%", 1)[0]  # an IPv6 zone id names our interface, not the client
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
+def _forwarded_for(element: str) -> Address | None:
+    """The `for=` node of one RFC 7239 element; None when missing, obfuscated or unknown."""
+    for pair in element.split(";"):
+        name, sep, value = pair.partition("=")
+        if sep and name.strip().lower() == "for":
+            node = value.strip()
+            if len(node) >= 2 and node[0] == node[-1] == '"':
+                node = node[1:-1].replace("\\", "")
+            # "unknown" and "_hidden" do not parse as addresses, so they end the walk.
+            return _parse_address(node)
+    return None
+
+
+def _is_trusted(address: Address, networks: Sequence[Network]) -> bool:
+    return any(address in network for network in networks)
+
+
+def _format(address: Address, ipv6_prefix: int) -> str:
+    if isinstance(address, ipaddress.IPv4Address):
+        return str(address)
+    # One subscriber usually holds a whole /64: counting single addresses would let them rotate.
+    network = ipaddress.IPv6Network((address, ipv6_prefix), strict=False)
+    return f"{network.network_address}/{ipv6_prefix}"
+
+
+def parse_key(spec: str) -> KeySpec:
+    """Parse a policy `key` such as `ip` or `header:X-Api-Key`; ValueError says what to fix."""
+    if not isinstance(spec, str):
+        raise ValueError(f"key must be text, got {type(spec).__name__}; {_USAGE}")
+    text = spec.strip()
+    if not text:
+        raise ValueError(f"key is empty; {_USAGE}")
+    kind, sep, arg = text.partition(":")
+    kind = kind.lower()
+    if kind in _SIMPLE:
+        if sep:
+            raise ValueError(f"key {kind!r} takes no argument; write just {kind}")
+        return KeySpec(kind)
+    if kind == "header":
+        if not arg:
+            raise ValueError("header: needs a header name, e.g. header:X-Api-Key")
+        if "_" in arg:
+            # Django folds '-' and '_' together in META, and servers drop '_' headers.
+            raise ValueError(f"header name {arg!r} contains '_'; write '-', e.g. header:X-Api-Key")
+        if not _TOKEN.fullmatch(arg):
+            raise ValueError(
+                f"header name {arg!r} is not a valid HTTP header name; use letters, digits "
+                "and '-', e.g. header:X-Api-Key"
+            )
+        return KeySpec(kind, arg)
+    if kind == "query":
+        if not arg:
+            raise ValueError("query: needs a query parameter name, e.g. query:api_key")
+        if any(c.isspace() for c in arg):
+            raise ValueError(f"query parameter name {arg!r} contains whitespace; remove it")
+        return KeySpec(kind, arg)
+    if kind == "call":
+        if not arg:
+            raise ValueError("call: needs a dotted path to a function, e.g. call:myapp.keys.tenant")
+        if not _DOTTED.fullmatch(arg):
+            raise ValueError(
+                f"{arg!r} is not a dotted Python path; write module.function, "
+                "e.g. call:myapp.keys.tenant"
+            )
+        return KeySpec(kind, arg)
+    raise ValueError(f"unknown key {text!r}; {_USAGE}")
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """A parsed policy key: `kind` ("ip", "header", ...) and its `arg` (or "")."""
+
+    kind: str
+    arg: str = ""
+
+    def identify(
+        self, request: Any, *, trusted_proxies: Sequence[Network] = (), ipv6_prefix: int = 64
+    ) -> str | None:
+        """The client identity for this key, or None when the policy does not apply."""
+        http = getattr(request, "_request", request)
+        kind = self.kind
+        if kind == "global":
+            return "global"
+        if kind in ("user", "user_or_ip"):
+            user = _user_identity(request)
+            if user is not None or kind == "user":
+                return user
+            kind = "ip"
+        if kind == "ip":
+            address = client_ip(_meta(http), trusted_proxies, ipv6_prefix)
+            return None if address is None else _bounded("ip", address)
+        if kind == "header":
+            name = self.arg.upper().replace("-", "_")
+            value = _meta(http).get(name if name in _UNPREFIXED else "HTTP_" + name)
+        elif kind == "query":
+            query = getattr(http, "GET", None)
+            value = query.get(self.arg) if query is not None else None
+        else:
+            value = _call(self.arg, request)
+        if value is None:
+            return None
+        value = value if isinstance(value, str) else str(value)
+        value = value.strip()
+        return _bounded(kind, value) if value else None
+
+
+def _meta(http: Any) -> Mapping[str, Any]:
+    meta = getattr(http, "META", None)
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _user_identity(request: Any) -> str | None:
+    try:
+        user = getattr(request, "user", None)
+        if user is None or not getattr(user, "is_authenticated", False):
+            return None
+        pk = getattr(user, "pk", None)
+    except Exception as exc:  # an authentication backend failing is not ours to crash on
+        raise IdentityError(f"reading request.user raised {type(exc).__name__}: {exc}") from exc
+    if pk is None:
+        raise IdentityError("the authenticated user has no pk to count it by")
+    return _bounded("user", str(pk))
+
+
+def _call(path: str, request: Any) -> Any:
+    function = _load(path)
+    try:
+        value = function(request)
+        return value if value is None or isinstance(value, str) else str(value)
+    except Exception as exc:
+        raise IdentityError(f"{path} raised {type(exc).__name__}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _load_cached(path: str) -> Callable[[Any], Any]:
+    module, _, name = path.rpartition(".")
+    function = getattr(importlib.import_module(module), name)
+    if not callable(function):
+        raise TypeError(f"{name} is a {type(function).__name__}, not a function")
+    return function
+
+
+def _load(path: str) -> Callable[[Any], Any]:
+    """Import lazily (not at parse time) and once; failures are retried on the next call."""
+    try:
+        return _load_cached(path)
+    except Exception as exc:
+        raise IdentityError(
+            f"call:{path} could not be loaded: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _bounded(kind: str, value: str) -> str:
+    """`kind:value`, or `kind:h:<digest>` when the value is long or not printable ASCII."""
+    identity = f"{kind}:{value}"
+    if (
+        len(identity) > MAX_IDENTITY
+        or not (identity.isascii() and identity.isprintable())
+        or value.startswith("h:")  # a literal "h:..." must not collide with a digest
+    ):
+        raw = value.encode("utf-8", "surrogatepass")
+        return f"{kind}:h:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
+    return identity
+
+
+def identity_from_text(kind: str, value: str, ipv6_prefix: int = 64) -> str:
+    """The identity a request would get under a `kind` key, from what an operator typed:
+    an identity as logs and the admin show it ("ip:203.0.113.7", "user:42", "ip:h:...")
+    or a bare value ("2001:db8::1" counts as its /64, as requests do). Raises ValueError
+    with a message for the operator when the value cannot be such an identity."""
+    import ipaddress
+
+    text = value.strip()
+    if kind == "global":
+        if text not in ("global", ""):
+            raise ValueError("this policy counts everyone together: the client is 'global'")
+        return "global"
+    kinds = ("user", "ip") if kind == "user_or_ip" else (kind,)
+    prefix, sep, rest = text.partition(":")
+    if sep and prefix in kinds:
+        if rest.startswith("h:"):
+            return text  # already a hashed identity, as the admin and logs show it
+        kind, text = prefix, rest
+    elif kind == "user_or_ip":
+        try:
+            ipaddress.ip_address(text.split("/", 1)[0])
+            kind = "ip"
+        except ValueError:
+            kind = "user"
+    if kind == "ip":
+        address = client_ip({"REMOTE_ADDR": text.split("/", 1)[0]}, (), ipv6_prefix)
+        if address is None:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 203.0.113.9)")
+        return f"ip:{address}"
+    if not text:
+        raise ValueError("the client is empty")
+    return _bounded(kind, text)
+
+
+def display_identity(identity: str) -> str:
+    """A log-safe form: printable, control characters escaped, at most 80 characters."""
+    text = identity if isinstance(identity, str) else str(identity)
+    head = text[: _MAX_DISPLAY + 1]
+    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in head)
+    if len(shown) > _MAX_DISPLAY or len(text) > len(head):
+        return shown[: _MAX_DISPLAY - 1] + "…"
+    return shown

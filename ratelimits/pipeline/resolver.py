@@ -1,0 +1,181 @@
+"""The compiled policy snapshot: which policies apply to a request, without the database.
+
+The snapshot is an immutable value, built from the `Policy` table and swapped in one
+assignment. It is rebuilt when the engine reports a policy version other than the one it
+was built at (another process saved a policy), or when this process saved one. A rebuild
+that fails keeps the last good snapshot and logs why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ratelimits.engine.types import Limit
+
+logger = logging.getLogger("ratelimits")
+
+#: After a failed rebuild, wait this long before querying the database again.
+RETRY_AFTER_FAILURE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    """One enabled policy with its key, pattern and engine limit parsed once."""
+
+    id: int
+    name: str
+    mode: str
+    key: str  # as written: "ip", "header:X-Api-Key"
+    key_spec: Any  # ratelimits.pipeline.identity.KeySpec
+    pattern: Any  # ratelimits.pipeline.paths.PathPattern
+    methods: frozenset[str]  # empty: every method
+    scope: str  # "": not tied to a DRF scope
+    on_error: str
+    priority: int
+    template: Limit  # the engine limit with an empty client key
+
+    @property
+    def shadow(self) -> bool:
+        return self.template.shadow
+
+    @property
+    def key_kind(self) -> str:
+        """The kind of key for logs: "ip", "user", "header" ... never the client's value."""
+        return self.key.split(":", 1)[0]
+
+    def applies_to(self, path: str, method: str, scopes: frozenset[str]) -> bool:
+        return (
+            self.scope in scopes
+            and (not self.methods or method in self.methods)
+            and self.pattern.matches(path)
+        )
+
+    def limit_for(self, identity: str) -> Limit:
+        return dataclasses.replace(self.template, key=identity)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The enabled policies at one policy version, most important first."""
+
+    version: int | None
+    policies: tuple[CompiledPolicy, ...] = ()
+
+    def matching(
+        self, path: str, method: str, scopes: frozenset[str], exclude: frozenset[int] | set[int]
+    ) -> list[CompiledPolicy]:
+        return [
+            p for p in self.policies if p.id not in exclude and p.applies_to(path, method, scopes)
+        ]
+
+
+def compile_policy(policy: Any) -> CompiledPolicy:
+    """Parse one `Policy` row; ValueError when the row is invalid (saved around clean())."""
+    from ratelimits.models import split_methods
+    from ratelimits.pipeline.identity import parse_key
+    from ratelimits.pipeline.paths import PathPattern
+
+    return CompiledPolicy(
+        id=policy.pk,
+        name=policy.name,
+        mode=policy.mode,
+        key=policy.key,
+        key_spec=parse_key(policy.key),
+        pattern=PathPattern(policy.path),
+        methods=frozenset(split_methods(policy.methods)),
+        scope=policy.scope,
+        on_error=policy.on_error,
+        priority=policy.priority,
+        template=policy.as_limit(""),
+    )
+
+
+def _order(p: CompiledPolicy) -> tuple[int, int, str]:
+    return (-p.priority, -p.pattern.specificity, p.name)
+
+
+def load_snapshot(version: int | None) -> Snapshot:
+    """Read the enabled policies from the database and compile them."""
+    from ratelimits.models import Mode, Policy
+
+    compiled = []
+    for policy in Policy.objects.exclude(mode=Mode.OFF):
+        try:
+            compiled.append(compile_policy(policy))
+        except (ValueError, TypeError) as exc:
+            logger.error("ratelimits: policy %r is invalid and is skipped: %s", policy.name, exc)
+    return Snapshot(version=version, policies=tuple(sorted(compiled, key=_order)))
+
+
+class Resolver:
+    """Holds the current snapshot and rebuilds it at most once at a time."""
+
+    def __init__(self) -> None:
+        self._snapshot: Snapshot | None = None
+        self._stale_version: int | None = None
+        self._stale = False
+        self._lock = threading.Lock()
+        self._retry_at = 0.0
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot; built on first use, or now if this process saved a policy."""
+        snap = self._snapshot
+        if snap is None or self._stale:
+            snap = self._rebuild(self._stale_version if self._stale else None, wait=snap is None)
+        return snap
+
+    def observe(self, version: int | None, snap: Snapshot) -> Snapshot | None:
+        """The engine reported `version`; returns a new snapshot if one was built for it."""
+        if version == snap.version or version is None:
+            return None
+        new = self._rebuild(version, wait=False)
+        return new if new is not snap and new.version == version else None
+
+    def invalidate(self, version: int | None) -> None:
+        """This process changed policies: rebuild before the next request."""
+        self._stale_version = version
+        self._stale = True
+        self._retry_at = 0.0
+
+    def reset(self) -> None:
+        with self._lock:
+            self._snapshot = None
+            self._stale = False
+            self._stale_version = None
+            self._retry_at = 0.0
+
+    def _rebuild(self, version: int | None, *, wait: bool) -> Snapshot:
+        current = self._snapshot
+        if current is not None and time.monotonic() < self._retry_at:
+            return current
+        if not self._lock.acquire(blocking=wait):
+            return current if current is not None else Snapshot(version=None)
+        try:
+            if self._snapshot is not current:  # another thread rebuilt meanwhile
+                return self._snapshot  # type: ignore[return-value]
+            try:
+                self._stale = False
+                new = load_snapshot(version)
+            except Exception as exc:  # the database is down, a migration is missing ...
+                self._retry_at = time.monotonic() + RETRY_AFTER_FAILURE
+                logger.error(
+                    "ratelimits: could not load the policies (%s: %s); keeping the %s",
+                    type(exc).__name__,
+                    exc,
+                    "previous ones" if current is not None else "empty set for now",
+                )
+                if current is None:
+                    current = self._snapshot = Snapshot(version=None)
+                return current
+            self._snapshot = new
+            return new
+        finally:
+            self._lock.release()
+
+
+resolver = Resolver()

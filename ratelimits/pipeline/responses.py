@@ -1,0 +1,73 @@
+"""The responses for refused requests: 429 (limited) and 503 (store unavailable)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
+
+from ratelimits.conf import get_config
+from ratelimits.pipeline import headers
+from ratelimits.pipeline.evaluation import LIMITED, Verdict, http_request, state_for
+
+logger = logging.getLogger("ratelimits")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """What a REJECT_VIEW receives besides the request."""
+
+    status: int  # 429 or 503
+    retry_after: int  # whole seconds, as in the Retry-After header
+    policies: tuple[str, ...]  # names of the enforced policies that refused
+    verdict: Verdict
+
+
+def _wants_json(request: Any) -> bool:
+    return "json" in request.headers.get("Accept", "")
+
+
+def reject(request: Any, rejection: Rejection) -> HttpResponse:
+    """The default view for refused requests: a short JSON or plain-text body."""
+    if rejection.status == LIMITED:
+        detail = f"Too many requests. Retry in {rejection.retry_after} seconds."
+    else:
+        detail = "Service temporarily unavailable. Retry shortly."
+    if _wants_json(request):
+        return JsonResponse(
+            {"detail": detail, "retry_after": rejection.retry_after}, status=rejection.status
+        )
+    return HttpResponse(detail + "\n", status=rejection.status, content_type="text/plain")
+
+
+def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
+    """Render the configured REJECT_VIEW (falling back to `reject` if it fails)."""
+    rejection = Rejection(
+        status=verdict.status,
+        retry_after=int(verdict.retry_after_header),
+        policies=tuple(o.policy.name for o in verdict.rejected_by),
+        verdict=verdict,
+    )
+    base = http_request(request)
+    view_path = get_config()["REJECT_VIEW"]
+    response = None
+    if view_path:
+        try:
+            response = import_string(view_path)(base, rejection)
+        except Exception:
+            logger.exception("ratelimits: REJECT_VIEW %s failed; using the default", view_path)
+    if response is None:
+        response = reject(base, rejection)
+    response["Retry-After"] = verdict.retry_after_header
+    return response
+
+
+def decorate(request: Any, response: Any) -> Any:
+    """Add the rate-limit headers of every decision taken for this request."""
+    state = state_for(request)
+    if state.outcomes:
+        headers.apply(response, state.outcomes, get_config()["HEADERS"])
+    return response
