@@ -4,7 +4,7 @@
 
 A synthetic Combined Log Format file (300,000 lines, 1,000 client IPs of which a few
 send most of the traffic, a handful of paths, one hour of timestamps) is written to a
-temporary directory, then replayed with `ratelimits.replay.replay_file` against three
+temporary directory, then replayed with `ratelimits.ops.replay.replay_file` against three
 policies that match every line (sliding_window, gcra in shadow, fixed_window), so each
 line is three limits decided in one engine call. The figure is lines per second over the
 whole run, reading and parsing the file included; the median of several runs.
@@ -62,9 +62,9 @@ def write_log(path: Path, lines: int, seed: int = 1) -> None:
 def policies():
     """Three compiled policies on every path, without Django or a database."""
     from ratelimits.engine import Limit
-    from ratelimits.identity import parse_key
-    from ratelimits.paths import PathPattern
-    from ratelimits.resolver import CompiledPolicy
+    from ratelimits.pipeline.identity import parse_key
+    from ratelimits.pipeline.paths import PathPattern
+    from ratelimits.pipeline.resolver import CompiledPolicy
 
     def compiled(i, name, mode, key, algorithm, limit, period, burst=None):
         return CompiledPolicy(
@@ -91,7 +91,7 @@ def policies():
 
 
 def run(quick: bool = False) -> Section:
-    from ratelimits.replay import replay_file
+    from ratelimits.ops.replay import replay_file
 
     lines, runs = (50_000, 3) if quick else (LINES, 5)
     rates = []

@@ -3,7 +3,7 @@
 The list shows every policy's last hour; a policy's page charts its last hour and day,
 lists its top offenders and can reset one client; the dashboard shows every policy's
 sparkline. Each page reads its figures in a bounded number of pipelined round trips
-(see `ratelimits.observe`), never by scanning Redis.
+(see `ratelimits.ops.observe`), never by scanning Redis.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from ratelimits import charts, observe
 from ratelimits.models import Mode, Policy, PolicyDashboard
+from ratelimits.ops import charts, observe
 from ratelimits.receivers import schedule_policies_changed
 
 logger = logging.getLogger("ratelimits")
@@ -148,9 +148,9 @@ class PolicyAdmin(admin.ModelAdmin):
                               "shows it.", messages.ERROR)
             return HttpResponseRedirect(back)
         from ratelimits.conf import get_config
-        from ratelimits.identity import identity_from_text
-        from ratelimits.resolver import compile_policy
-        from ratelimits.store import get_engine
+        from ratelimits.pipeline.identity import identity_from_text
+        from ratelimits.pipeline.resolver import compile_policy
+        from ratelimits.pipeline.store import get_engine
 
         try:
             identity = identity_from_text(

@@ -26,7 +26,7 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     from ratelimits.conf import build_config
-    from ratelimits.store import cache_backend, is_redis_backend
+    from ratelimits.pipeline.store import cache_backend, is_redis_backend
 
     try:
         config = build_config(getattr(settings, "RATELIMITS", None))
@@ -52,7 +52,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     )
                 )
     if config["METRICS"]:
-        from ratelimits.metrics import available
+        from ratelimits.ops.metrics import available
 
         if not available():
             messages.append(

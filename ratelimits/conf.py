@@ -67,7 +67,7 @@ def _trusted_proxies(value: Any) -> tuple[Any, ...]:
         raise ValueError(f"must be a list of IP addresses or CIDRs, got {value!r}")
     if not value:
         return ()
-    from ratelimits.identity import parse_trusted_proxies
+    from ratelimits.pipeline.identity import parse_trusted_proxies
 
     return tuple(parse_trusted_proxies(value))
 
@@ -99,7 +99,7 @@ SETTINGS: dict[str, Setting] = {
     # Prefix of every key the engine writes; the policy version lives at PREFIX + "version".
     "KEY_PREFIX": Setting("rl:", _string),
     "HEADERS": Setting("ietf", _header_style),
-    # view(request, rejection) -> HttpResponse for 429s; None: ratelimits.responses.reject.
+    # view(request, rejection) -> HttpResponse for 429s; None: ratelimits.pipeline.responses.reject.
     "REJECT_VIEW": Setting(None, _optional_dotted_path),
     "TRUSTED_PROXIES": Setting((), _trusted_proxies),
     "IPV6_PREFIX": Setting(64, _ipv6_prefix),
@@ -117,7 +117,7 @@ SETTINGS: dict[str, Setting] = {
     "BREAKER_COOLDOWN": Setting(1.0, _timeout),
     # How many app instances share the limits: on_error="local" gives each its share.
     "INSTANCES": Setting(1, _positive_int),
-    # Prometheus counters and engine latency (needs prometheus_client; see metrics.py).
+    # Prometheus counters and engine latency (needs prometheus_client; see ops/metrics.py).
     "METRICS": Setting(False, _boolean),
 }
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
-from ratelimits import evaluation
-from ratelimits.evaluation import UNSCOPED
-from ratelimits.responses import decorate, rejection_response
+from ratelimits.pipeline import evaluation
+from ratelimits.pipeline.evaluation import UNSCOPED
+from ratelimits.pipeline.responses import decorate, rejection_response
 
 
 def _finish(request: Any, response: Any) -> Any:

@@ -155,8 +155,8 @@ class Policy(models.Model):
         self.path = (self.path or "").strip()
         self.key = (self.key or "").strip()
 
-        from ratelimits.identity import parse_key
-        from ratelimits.paths import PathPattern
+        from ratelimits.pipeline.identity import parse_key
+        from ratelimits.pipeline.paths import PathPattern
 
         try:
             parse_key(self.key)

@@ -18,8 +18,8 @@ logger = logging.getLogger("ratelimits")
 
 def policies_changed() -> None:
     """Bump the shared policy version and rebuild this process's snapshot."""
-    from ratelimits.resolver import resolver
-    from ratelimits.store import get_engine
+    from ratelimits.pipeline.resolver import resolver
+    from ratelimits.pipeline.store import get_engine
 
     version = None
     try:
@@ -70,7 +70,7 @@ def _on_request_started(**kwargs: Any) -> None:
 
 @receiver(request_finished, dispatch_uid="ratelimits.request_finished")
 def _on_request_finished(**kwargs: Any) -> None:
-    from ratelimits.evaluation import release
+    from ratelimits.pipeline.evaluation import release
 
     pending = _finishing.get()
     if pending:

@@ -13,8 +13,8 @@ from rest_framework import status
 from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
-from ratelimits import evaluation
-from ratelimits.evaluation import UNAVAILABLE
+from ratelimits.pipeline import evaluation
+from ratelimits.pipeline.evaluation import UNAVAILABLE
 from ratelimits.receivers import release_when_finished
 
 

@@ -12,7 +12,7 @@ from django.test import RequestFactory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimits.identity import (
+from ratelimits.pipeline.identity import (
     MAX_IDENTITY,
     IdentityError,
     KeySpec,

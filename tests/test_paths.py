@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratelimits.paths import MAX_PATH_LENGTH, PathPattern, normalize_path
+from ratelimits.pipeline.paths import MAX_PATH_LENGTH, PathPattern, normalize_path
 
 LOGIN = "/api/login"
 

@@ -6,8 +6,8 @@ import pytest
 from django.test import override_settings
 
 from ratelimits.conf import reset_config
-from ratelimits.resolver import resolver
-from ratelimits.store import reset_engines
+from ratelimits.pipeline.resolver import resolver
+from ratelimits.pipeline.store import reset_engines
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.test import override_settings
 
-from ratelimits import evaluation
+from ratelimits.pipeline import evaluation
 from tests.redis_server import RedisProcess
 
 #: Generous bounds for a loaded 2-core CI machine; the default timeouts are 0.1 s.
@@ -149,7 +149,7 @@ def test_read_only_replica_after_failover(
 
 
 def test_engine_client_has_the_limiter_timeouts_not_the_caches(settings):
-    from ratelimits.store import get_engine
+    from ratelimits.pipeline.store import get_engine
 
     settings.RATELIMITS = {**settings.RATELIMITS, "SOCKET_TIMEOUT": 0.05, "CONNECT_TIMEOUT": 0.02}
     with override_settings():
@@ -173,7 +173,7 @@ def test_local_fallback_takes_this_instances_share(client, make_policy, settings
 
 def test_local_share_never_drops_below_one_request():
     from ratelimits.engine import Limit
-    from ratelimits.evaluation import local_share
+    from ratelimits.pipeline.evaluation import local_share
 
     assert local_share(Limit("c", "fixed_window", 100, 1), 2).limit == 50
     assert local_share(Limit("c", "gcra", 100, 1, burst=10), 3).burst == 4

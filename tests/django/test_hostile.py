@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from ratelimits import evaluation
 from ratelimits.middleware import RateLimitMiddleware
+from ratelimits.pipeline import evaluation
 
 pytestmark = pytest.mark.django_db
 

@@ -19,8 +19,8 @@ from django.test import override_settings
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
-from ratelimits import metrics
 from ratelimits.conf import build_config, get_config
+from ratelimits.ops import metrics
 
 SCRAPE = "/ratelimits/metrics/"
 

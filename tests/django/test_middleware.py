@@ -8,8 +8,9 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
-from ratelimits import evaluation, signals
-from ratelimits.store import get_engine
+from ratelimits import signals
+from ratelimits.pipeline import evaluation
+from ratelimits.pipeline.store import get_engine
 
 pytestmark = pytest.mark.django_db
 

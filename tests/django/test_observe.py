@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ratelimits import observe
-from ratelimits.store import get_engine
+from ratelimits.ops import observe
+from ratelimits.pipeline.store import get_engine
 
 URL = "/admin/ratelimits/policy/"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ratelimits.models import Policy
-from ratelimits.resolver import resolver
-from ratelimits.store import get_engine
+from ratelimits.pipeline.resolver import resolver
+from ratelimits.pipeline.store import get_engine
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_reload_when_another_process_bumps_the_version(client, make_policy, redi
     script = textwrap.dedent("""
         import os, django
         django.setup()
-        from ratelimits.store import get_engine
+        from ratelimits.pipeline.store import get_engine
         print(get_engine().bump_version())
     """)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_url}
@@ -119,7 +119,7 @@ def test_failed_rebuild_keeps_the_last_good_snapshot(client, make_policy, monkey
     def down(version):
         raise ConnectionError("database is gone")
 
-    monkeypatch.setattr("ratelimits.resolver.load_snapshot", down)
+    monkeypatch.setattr("ratelimits.pipeline.resolver.load_snapshot", down)
     get_engine().bump_version()
     assert client.get("/hello/").status_code == 200
     assert client.get("/hello/").status_code == 429  # policy "a" still applies

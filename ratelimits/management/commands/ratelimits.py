@@ -63,7 +63,7 @@ def _policy_named(name: str) -> Any:
 
 
 def _compile(policy: Any) -> Any:
-    from ratelimits.resolver import compile_policy
+    from ratelimits.pipeline.resolver import compile_policy
 
     try:
         return compile_policy(policy)
@@ -136,8 +136,8 @@ class Command(BaseCommand):
     # -- status ---------------------------------------------------------------------------
 
     def _status(self, *, json: bool = False, **_: Any) -> None:
-        from ratelimits import observe
         from ratelimits.models import Policy
+        from ratelimits.ops import observe
 
         policies = list(Policy.objects.order_by("-priority", "name"))  # the admin's order
         error = None
@@ -222,7 +222,7 @@ class Command(BaseCommand):
                 right={6, 7, 8, 9},
             )
         )
-        from ratelimits import store
+        from ratelimits.pipeline import store
 
         if store.is_shared():
             self.stdout.write("Figures: the last 60 minutes, all processes (the store's counters).")
@@ -236,8 +236,8 @@ class Command(BaseCommand):
     # -- reset ----------------------------------------------------------------------------
 
     def _reset(self, *, policy: str, key: str | None = None, **_: Any) -> None:
-        from ratelimits import store
         from ratelimits.conf import get_config
+        from ratelimits.pipeline import store
 
         row = _policy_named(policy)
         compiled = _compile(row)
@@ -260,8 +260,8 @@ class Command(BaseCommand):
         )
 
     def _recent(self, name: str) -> str:
-        from ratelimits import observe
-        from ratelimits.identity import display_identity
+        from ratelimits.ops import observe
+        from ratelimits.pipeline.identity import display_identity
 
         try:
             recent = observe.offenders(name, 5)
@@ -287,7 +287,7 @@ class Command(BaseCommand):
         **_: Any,
     ) -> None:
         from ratelimits.conf import get_config
-        from ratelimits.replay import LogError, replay_file
+        from ratelimits.ops.replay import LogError, replay_file
 
         if top < 0:
             raise CommandError("--top must be 0 or more")
@@ -322,7 +322,7 @@ class Command(BaseCommand):
     def _replay_policies(self, names: list[str]) -> tuple[list[Any], list[tuple[str, str]]]:
         """The policies to replay, in the resolver's order, and those that are invalid."""
         from ratelimits.models import Mode, Policy
-        from ratelimits.resolver import compile_policy
+        from ratelimits.pipeline.resolver import compile_policy
 
         if names:
             rows = [_policy_named(n) for n in dict.fromkeys(names)]
@@ -344,7 +344,7 @@ class Command(BaseCommand):
 
 def _identity(kind: str, value: str, ipv6_prefix: int) -> str:
     """The identity the middleware would have built for `value` under a `kind` key."""
-    from ratelimits.identity import identity_from_text
+    from ratelimits.pipeline.identity import identity_from_text
 
     try:
         return identity_from_text(kind, value, ipv6_prefix)
@@ -364,7 +364,7 @@ def _when(epoch: float | None) -> str:
 
 
 def _replay_text(report: Any, top: int) -> str:
-    from ratelimits.identity import display_identity
+    from ratelimits.pipeline.identity import display_identity
 
     out = [
         f"Replayed {report.source} ({report.format}): {report.lines:,} lines, "
