@@ -283,13 +283,12 @@ class MemoryEngine:
                 checks.append(r)
                 if r[0] == 0 and not shadow:
                     admitted = False
-            raw: list[float] = []
+            raw: list[Any] = []
             minute = math.floor(now_f / (60 * US))
             for limit, p, r in zip(limits, prepared, checks, strict=True):
-                charged = 0
                 if r[0] == 1 and admitted:
                     p.commit(store, p.key, now_f, p.period_us, p.cost, r, token)
-                    charged, field = 1, "a"
+                    field = "a"
                 elif r[0] == 1:
                     r[1] += limit.cost
                     field = "o"
@@ -301,7 +300,7 @@ class MemoryEngine:
                         hour = math.floor(now_f / (3600 * US))
                         self._offend(offenders_key(self.prefix, limit.name, hour),
                                      limit.key[:OFFENDER_CHARS], now_f)
-                raw += [r[0], r[1], r[2], r[3], r[4], charged]
+                raw += [r[0], r[1], r[2], r[3], r[4], field]
             version = self._version if self.version_key else None
         return assemble(limits, raw, admitted=admitted, version=version, token=token)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 ALGORITHMS: tuple[str, ...] = (
@@ -75,13 +76,33 @@ class Limit:
         return self.limit
 
 
+class Outcome(str, enum.Enum):
+    """What one limit did with one request; the value is the per-minute counter's field.
+
+    ADMITTED: passed and charged. REJECTED: this enforced limit refused it. WOULD_REJECT:
+    this shadow limit would have refused it. SPARED: this limit admitted it but another
+    refused the request, so nothing was charged.
+    """
+
+    ADMITTED = "a"
+    REJECTED = "r"
+    WOULD_REJECT = "w"
+    SPARED = "o"
+
+    @property
+    def label(self) -> str:
+        """The name metrics and reports use: "admitted", "would_reject" ..."""
+        return self.name.lower()
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """What one limit said about one request.
 
     `remaining`: units left after this request; `reset_after`: seconds until the limit
     is fully reset; `retry_after`: seconds until a rejected request could pass (0 when
-    allowed); `delay`: seconds an admitted request should wait (leaky bucket only).
+    allowed); `delay`: seconds an admitted request should wait (leaky bucket only);
+    `outcome`: what the limit did, charging included (see `Outcome`).
     """
 
     limit: Limit
@@ -90,6 +111,7 @@ class Result:
     reset_after: float
     retry_after: float
     delay: float = 0.0
+    outcome: Outcome = Outcome.ADMITTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +120,9 @@ class Decision:
 
     allowed: bool
     results: tuple[Result, ...]
-    retry_after: float = 0.0
+    #: Whole seconds until a refused request could pass (rounded up, at least 1): what
+    #: the Retry-After header says. 0 when admitted.
+    retry_after: int = 0
     delay: float = 0.0
     #: The policy version stored beside the counters, when the caller asked for it.
     version: int | None = None

@@ -21,12 +21,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from ratelimits.conf import get_config
+from ratelimits.engine.types import Outcome
 
 logger = logging.getLogger("ratelimits")
 
-ADMITTED, REJECTED, WOULD_REJECT, SPARED, UNAVAILABLE = range(5)
-#: Values of the `outcome` label, indexed by the constants above.
-OUTCOMES = ("admitted", "rejected", "would_reject", "spared", "unavailable")
+#: Values of the `outcome` label: the engine's outcomes, and the store being out of reach.
+OUTCOMES = (*(o.label for o in Outcome), "unavailable")
+INDEX = {o: i for i, o in enumerate(Outcome)}
+UNAVAILABLE = len(OUTCOMES) - 1
 
 #: An engine call is one Redis round trip (or a dict lookup in process): tens of
 #: microseconds to a few milliseconds, with the 100 ms default socket timeout as the tail.
@@ -91,19 +93,13 @@ class Recorder:
     def decided(self, engine: Any, seconds: float, planned: Iterable[Any], decision: Any) -> None:
         """One engine answer: its latency and each policy's outcome (never raises).
 
-        `planned`: (policy, identity) pairs in the order of `decision.results`. The
-        outcomes are the engine's per-minute counter fields: admitted means charged.
+        `planned`: (policy, identity) pairs in the order of `decision.results`; each
+        result's outcome is the engine's own, the one its per-minute counters record.
         """
         try:
             self._histogram(engine).observe(seconds)
-            admitted = decision.allowed
             for (policy, _), result in zip(planned, decision.results, strict=True):
-                if result.allowed:
-                    index = ADMITTED if admitted else SPARED
-                elif policy.shadow:
-                    index = WOULD_REJECT
-                else:
-                    index = REJECTED
+                index = INDEX[result.outcome]
                 self._children(policy.name)[index].inc()
         except Exception as exc:
             _failed(exc)

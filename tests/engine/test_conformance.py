@@ -6,6 +6,7 @@ Each row: (seconds after T0, cost) -> (allowed, remaining, retry_after, delay).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -123,4 +124,5 @@ def test_scenario(engine, name):
         assert result.remaining == remaining, (at, cost, got)
         assert result.retry_after == pytest.approx(retry_after, abs=1e-6), (at, cost, got)
         assert result.delay == pytest.approx(delay, abs=1e-6), (at, cost, got)
-        assert decision.retry_after == result.retry_after
+        # the request's Retry-After: this wait in whole seconds, rounded up, at least 1
+        assert decision.retry_after == (0 if allowed else max(1, math.ceil(result.retry_after)))

@@ -8,6 +8,7 @@ import pytest
 
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
 from ratelimits.engine.keys import OFFENDERS_TTL, US, offenders_key
+from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 
 
@@ -200,3 +201,29 @@ def test_offenders_expire_after_two_hours(engine):
         assert engine._store.get(key, T0 * US + OFFENDERS_TTL * US) is None
     else:  # Redis expires on its own clock: the TTL is what can be checked
         assert 0 < engine.client.ttl(key) <= OFFENDERS_TTL
+
+
+def test_each_result_says_what_its_limit_did(engine):
+    """The outcome the counters record, returned per limit: nothing re-derives it."""
+    tight = Limit("c", "fixed_window", 1, 60, name="tight")
+    loose = Limit("c", "fixed_window", 9, 60, name="loose")
+    shadow = Limit("c", "fixed_window", 1, 60, shadow=True, name="watch")
+    first = engine.evaluate([tight, loose, shadow], now=T0)
+    assert [r.outcome for r in first.results] == [Outcome.ADMITTED] * 3
+    second = engine.evaluate([tight, loose, shadow], now=T0 + 1)
+    assert [r.outcome for r in second.results] == [
+        Outcome.REJECTED, Outcome.SPARED, Outcome.WOULD_REJECT
+    ]
+    assert [engine.counters(n, int(T0 // 60)) for n in ("tight", "loose", "watch")] == [
+        {"a": 1, "r": 1}, {"a": 1, "o": 1}, {"a": 1, "w": 1}
+    ]
+
+
+def test_retry_after_is_whole_seconds_rounded_up(engine):
+    """gcra 2 per 60 s, burst 1: the next turn is 30 s away, and Retry-After says 30."""
+    limit = Limit("c", "gcra", 2, 60, burst=1, name="g")
+    assert engine.evaluate([limit], now=T0).allowed
+    decision = engine.evaluate([limit], now=T0 + 0.25)
+    assert not decision.allowed
+    assert decision.results[0].retry_after == pytest.approx(29.75)
+    assert decision.retry_after == 30

@@ -3,7 +3,7 @@
 -- ('' = no counters), then per limit: algorithm, limit, period_us, burst, cost,
 -- shadow (0/1), name, client identity. KEYS: one base key per limit.
 -- Returns {version, admitted, now_us, then per limit: allowed, remaining, reset_after,
--- retry_after, delay, charged}.
+-- retry_after, delay, outcome (the counter's field: a, r, w or o)}.
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -27,12 +27,10 @@ for i = 1, n do
   local o = 4 + (i - 1) * 8
   local r = checks[i]
   local c = tonumber(ARGV[o + 5])
-  local charged = 0
   local field
   if r[1] == 1 and admitted == 1 then
     commit(ARGV[o + 1], KEYS[i], now, tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
       tonumber(ARGV[o + 4]), c, r, token)
-    charged = 1
     field = 'a'
   elseif r[1] == 1 then
     r[2] = r[2] + c  -- not charged: the units it would have taken are still there
@@ -54,6 +52,6 @@ for i = 1, n do
   end
   local j = #out
   out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =
-    r[1], r[2], r[3], r[4], r[5], charged
+    r[1], r[2], r[3], r[4], r[5], field
 end
 return out
