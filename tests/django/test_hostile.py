@@ -43,6 +43,27 @@ def test_behind_a_trusted_proxy_forged_entries_on_the_left_are_never_reached(
     assert statuses(client, HTTP_X_FORWARDED_FOR="203.0.113.6") == [200]
 
 
+def test_forged_x_forwarded_for_behind_a_forwarded_only_proxy_gives_no_fresh_quota(
+    client, make_policy, settings
+):
+    # The proxy sets Forwarded and passes the client's own X-Forwarded-For through.
+    settings.RATELIMITS = {
+        **settings.RATELIMITS,
+        "TRUSTED_PROXIES": ["127.0.0.0/8"],
+        "PROXY_HEADER": "forwarded",
+    }
+    make_policy(name="per-ip", limit=2, path="/hello/")
+    got = [
+        client.get(
+            "/hello/", HTTP_FORWARDED="for=203.0.113.5", HTTP_X_FORWARDED_FOR=f"198.51.100.{i}"
+        ).status_code
+        for i in range(4)
+    ]
+    assert got == [200, 200, 429, 429]
+    # another real client behind the same proxy has its own quota
+    assert statuses(client, HTTP_FORWARDED="for=203.0.113.6") == [200]
+
+
 def test_rotating_ipv6_addresses_inside_one_64_gives_no_fresh_quota(client, make_policy):
     make_policy(name="per-ip", limit=2, path="/hello/")
     got = [
