@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -75,3 +77,10 @@ def test_proxy_header_refusal_says_what_to_write(value):
     assert message.startswith("RATELIMITS['PROXY_HEADER'] must name the one header")
     assert "'x-forwarded-for', 'forwarded' (RFC 7239) or e.g. 'x-real-ip'" in message
     assert repr(value) in message
+
+
+def test_the_readme_settings_reference_has_a_row_for_every_key():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    reference = readme.split("\n### Settings reference\n", 1)[1].split("\n### ", 1)[0]
+    rows = {line.split("`")[1] for line in reference.splitlines() if line.startswith("| `")}
+    assert rows == set(SETTINGS)
