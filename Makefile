@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test lint demo bench screenshots clean
 
-# The browser test drives Debian's Chromium (never a browser downloaded by a test tool).
-CHROMIUM := /usr/bin/chromium
+# The browser test drives Debian's Chromium (never a browser downloaded by a test tool);
+# `CHROMIUM=/path/to/chromium make test` uses another binary.
+CHROMIUM ?= /usr/bin/chromium
 $(CHROMIUM):
 	apt-get install -y --no-install-recommends chromium || \
 	  (apt-get update && apt-get install -y --no-install-recommends chromium)
@@ -31,11 +32,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# `make demo PORT=8001` when 8000 is taken.
+PORT ?= 8000
 demo: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_policies
-	$(BIN)/python manage.py demo_admin
-	$(BIN)/python manage.py runserver 127.0.0.1:8000
+	$(BIN)/python manage.py demo_admin --port $(PORT)
+	$(BIN)/python manage.py runserver 127.0.0.1:$(PORT)
 
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)

@@ -85,10 +85,12 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["ratelimits.throttling.PolicyThrottle"],
 }
 
+# Enforced refusals are INFO records, which a logger without a handler never shows: give
+# the "ratelimits" logger one. Its messages start with "ratelimits:" already.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"ratelimits": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }

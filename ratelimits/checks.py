@@ -7,6 +7,7 @@ ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
 ratelimits.W001  the cache is not Redis: limits are per process, not shared
 ratelimits.W002  neither the middleware nor the DRF throttle is installed
 ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not installed
+ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
 """
 
 from __future__ import annotations
@@ -34,11 +35,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [
             checks.Error(
                 str(exc),
-                hint="Fix RATELIMITS in your settings; see docs/django.md for every key.",
+                hint="Fix RATELIMITS in your settings; every key is listed in the README's "
+                "\"Settings reference\".",
                 id="ratelimits.E001",
             )
         ]
     messages: list[checks.CheckMessage] = []
+    if config["TRUSTED_PROXIES"] and "PROXY_HEADER" not in (settings.RATELIMITS or {}):
+        messages.append(
+            checks.Info(
+                "RATELIMITS['TRUSTED_PROXIES'] is set but PROXY_HEADER is not: the client "
+                "address is read from X-Forwarded-For only, and Forwarded is ignored.",
+                hint="Set RATELIMITS['PROXY_HEADER'] to the header your proxy sets: "
+                "'x-forwarded-for', 'forwarded' or e.g. 'x-real-ip'.",
+                id="ratelimits.I001",
+            )
+        )
     for name in ("REJECT_VIEW", "EXEMPT"):
         if config[name]:
             try:

@@ -72,6 +72,18 @@ def _trusted_proxies(value: Any) -> tuple[Any, ...]:
     return tuple(parse_trusted_proxies(value))
 
 
+def _proxy_header(value: Any) -> str:
+    from ratelimits.pipeline.identity import is_header_name
+
+    if not isinstance(value, str) or not is_header_name(value.strip()):
+        raise ValueError(
+            "must name the one header your trusted proxy sets, as it is sent: "
+            "'x-forwarded-for', 'forwarded' (RFC 7239) or e.g. 'x-real-ip'; "
+            f"got {value!r}"
+        )
+    return value.strip().lower()
+
+
 def _timeout(value: Any) -> float:
     seconds = _seconds(value)
     if not 0 < seconds <= 60:
@@ -103,6 +115,8 @@ SETTINGS: dict[str, Setting] = {
     "REJECT_VIEW": Setting(None, _optional_dotted_path),
     "TRUSTED_PROXIES": Setting((), _trusted_proxies),
     "IPV6_PREFIX": Setting(64, _ipv6_prefix),
+    # The header trusted proxies name the client in; any other is the client's own words.
+    "PROXY_HEADER": Setting("x-forwarded-for", _proxy_header),
     # Longest a leaky-bucket request is held before it is served.
     "MAX_DELAY": Setting(5.0, _seconds),
     # exempt(request) -> bool; True skips every policy (health checks, internal probes).

@@ -7,9 +7,15 @@ so this checks the real entry points (manage.py and the demo commands), not a co
 from __future__ import annotations
 
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -66,7 +72,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
 def test_demo_admin_prints_a_working_login(demo_env):
     out = run(["manage.py", "demo_admin", "--password", "s3cret-demo"], demo_env)
     assert out.returncode == 0, out.stderr
-    assert "user: admin  password: s3cret-demo" in out.stdout
+    assert "Admin: http://127.0.0.1:8000/admin/  user: admin  password: s3cret-demo" in out.stdout
     check = run(
         [
             "manage.py",
@@ -106,3 +112,123 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
     retry, has_header = lines["retry"].split()
     assert int(retry) >= 1 and has_header == "True"
     assert lines["slow"] == "200"
+
+
+def test_demo_admin_prints_the_url_of_the_port_it_is_given(demo_env):
+    out = run(["manage.py", "demo_admin", "--port", "8123", "--password", "pw"], demo_env)
+    assert out.returncode == 0, out.stderr
+    assert "Admin: http://127.0.0.1:8123/admin/  user: admin" in out.stdout
+
+
+def test_shadow_log_line_is_the_one_the_readme_shows(demo_env):
+    assert run(["manage.py", "seed_policies"], demo_env).returncode == 0
+    script = textwrap.dedent("""
+        import django
+        django.setup()
+        from django.test import Client
+        c = Client()
+        for _ in range(4):
+            c.get("/search/?q=x")
+    """)
+    out = run(["-c", script], {**demo_env, "DJANGO_ALLOWED_HOSTS": "testserver"})
+    assert out.returncode == 0, out.stderr
+    readme = (ROOT / "README.md").read_text()
+    shown = re.findall(r"`(ratelimits: shadow policy search-shadow would reject [^`]*)`", readme)
+    assert shown, "the README shows no shadow log line of the demo"
+    for line in shown:
+        # The README's retry time must be one the 10-second policy can give.
+        retry = re.search(r"retry after ([0-9.]+)s", line)
+        assert retry is not None and 0 < float(retry.group(1)) <= 10, line
+        pattern = re.escape(line).replace(re.escape(retry.group(1)), r"[0-9.]+")
+        assert re.search(r"WARNING " + pattern + "$", out.stderr, re.M), (line, out.stderr)
+    assert "ratelimits: ratelimits:" not in out.stderr  # the prefix appears once
+
+
+def test_the_demo_page_claims_no_limit_that_no_policy_sets(demo_env):
+    assert run(["manage.py", "seed_policies"], demo_env).returncode == 0
+    script = textwrap.dedent("""
+        import django
+        django.setup()
+        from django.test import Client
+        c = Client()
+        print("page", " ".join(c.get("/").content.decode().split()))
+        slow = [c.get("/slow/") for _ in range(10)]
+        print("slow", {r.status_code for r in slow}, any("RateLimit" in r for r in slow))
+    """)
+    out = run(["-c", script], {**demo_env, "DJANGO_ALLOWED_HOSTS": "testserver"})
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert lines["slow"] == "{200} False"  # no seeded policy matches /slow/...
+    slow_item = lines["page"].split('href="/slow/"', 1)[1].split("</li>", 1)[0]
+    assert "No policy matches it" in slow_item  # ...and the page says so
+    assert "limited" not in slow_item
+    assert "http://testserver/hello/" in lines["page"]  # the shell example uses the real host
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_make_demo_serves_on_the_port_it_is_given(tmp_path):
+    port = free_port()
+    env = {**os.environ, "DEMO_DB": str(tmp_path / "demo.sqlite3")}
+    env.pop("REDIS_URL", None)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    log = tmp_path / "make-demo.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            ["make", "--no-print-directory", "demo", f"PORT={port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one process group: make, runserver and its reloader
+        )
+    try:
+        # Wait for the server to come up (a start-up, not a rate-limit window).
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                first = get_status(f"http://127.0.0.1:{port}/hello/")
+                break
+            except OSError:
+                assert server.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        rest = [get_status(f"http://127.0.0.1:{port}/hello/") for _ in range(5)]
+        assert [first, *rest] == [200] * 5 + [429]
+        assert f"Admin: http://127.0.0.1:{port}/admin/" in log.read_text()
+        assert get_status(f"http://127.0.0.1:{port}/admin/login/") == 200
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_make_honours_chromium_from_the_environment():
+    def dry_run(chromium: str) -> str:
+        env = {**os.environ, "CHROMIUM": chromium}
+        out = subprocess.run(
+            ["make", "-n", "--no-print-directory", "test"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return out.stdout + out.stderr
+
+    # A binary that does not exist is the target make would install, so it was read...
+    assert "apt-get install" in dry_run("/nonexistent/chromium")
+    # ...and one that exists is used as it is.
+    assert "apt-get install" not in dry_run(sys.executable)

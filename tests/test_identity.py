@@ -20,6 +20,7 @@ from ratelimits.pipeline.identity import (
     display_identity,
     parse_key,
     parse_trusted_proxies,
+    reset_proxy_warning,
 )
 
 factory = RequestFactory()
@@ -132,7 +133,135 @@ def test_xff_wins_over_forwarded_when_both_are_present() -> None:
 )
 def test_forwarded_header(forwarded: str, expected: str) -> None:
     meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_FORWARDED": forwarded}
-    assert client_ip(meta, PROXIES) == expected
+    assert client_ip(meta, PROXIES, proxy_header="forwarded") == expected
+
+
+# --- which header the proxy sets -------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _fresh_proxy_warning() -> Any:
+    reset_proxy_warning()
+    yield
+    reset_proxy_warning()
+
+
+def test_forged_xff_gives_no_fresh_identity_behind_a_forwarded_only_proxy() -> None:
+    # The proxy sets Forwarded and passes the client's own X-Forwarded-For through.
+    identities = {
+        parse_key("ip").identify(
+            factory.get(
+                "/",
+                REMOTE_ADDR="10.0.0.2",
+                HTTP_FORWARDED="for=198.51.100.7",
+                HTTP_X_FORWARDED_FOR=f"9.9.9.{n}",
+            ),
+            trusted_proxies=PROXIES,
+            proxy_header="forwarded",
+        )
+        for n in range(20)
+    }
+    assert identities == {"ip:198.51.100.7"}
+
+
+META_ALL = {
+    "REMOTE_ADDR": "10.0.0.2",
+    "HTTP_X_FORWARDED_FOR": "192.0.2.1",
+    "HTTP_FORWARDED": "for=192.0.2.2",
+    "HTTP_X_REAL_IP": "192.0.2.3",
+    "HTTP_CF_CONNECTING_IP": "192.0.2.4",
+}
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("x-forwarded-for", "192.0.2.1"),
+        ("forwarded", "192.0.2.2"),
+        ("x-real-ip", "192.0.2.3"),
+        ("cf-connecting-ip", "192.0.2.4"),
+        ("X-Real-IP", "192.0.2.3"),  # header names are case-insensitive
+        ("x-client-ip", "10.0.0.2"),  # absent: the trusted peer itself
+    ],
+)
+def test_only_the_chosen_header_is_read(header: str, expected: str) -> None:
+    assert client_ip(META_ALL, PROXIES, proxy_header=header) == expected
+    request = factory.get("/", **META_ALL)
+    identity = parse_key("ip").identify(request, trusted_proxies=PROXIES, proxy_header=header)
+    assert identity == f"ip:{expected}"
+
+
+def test_the_default_header_is_x_forwarded_for() -> None:
+    assert client_ip(META_ALL, PROXIES) == "192.0.2.1"
+    meta = {k: v for k, v in META_ALL.items() if k != "HTTP_X_FORWARDED_FOR"}
+    assert client_ip(meta, PROXIES) == "10.0.0.2"  # Forwarded alone is not read
+
+
+def test_a_chosen_header_walks_its_hops_like_x_forwarded_for() -> None:
+    meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_REAL_IP": "1.1.1.1, 198.51.100.7, 10.0.0.5"}
+    assert client_ip(meta, PROXIES, proxy_header="x-real-ip") == "198.51.100.7"
+
+
+def test_the_chosen_header_is_ignored_from_an_untrusted_peer() -> None:
+    meta = {**META_ALL, "REMOTE_ADDR": "203.0.113.9"}
+    for header in ("x-forwarded-for", "forwarded", "x-real-ip"):
+        assert client_ip(meta, PROXIES, proxy_header=header) == "203.0.113.9"
+
+
+def proxy_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "PROXY_HEADER" in r.getMessage()]
+
+
+def test_both_headers_from_a_trusted_proxy_warn_once_per_process(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "9.9.9.9"}
+    with caplog.at_level("WARNING", logger="ratelimits"):
+        client_ip(meta, PROXIES)  # only the header read: nothing to say
+        assert proxy_warnings(caplog) == []
+        for n in range(3):
+            client_ip({**meta, "HTTP_FORWARDED": f"for=198.51.100.{n}"}, PROXIES)
+    (message,) = proxy_warnings(caplog)
+    assert "10.0.0.2" in message and "Forwarded: for=198.51.100.0" in message
+    assert "X-Forwarded-For: 9.9.9.9" in message
+    assert "set PROXY_HEADER to 'forwarded'" in message
+    assert caplog.records[-1].levelname == "WARNING"
+
+
+def test_the_warning_names_the_other_header_when_forwarded_is_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "9.9.9.9"}  # no Forwarded
+    with caplog.at_level("WARNING", logger="ratelimits"):
+        assert client_ip(meta, PROXIES, proxy_header="forwarded") == "10.0.0.2"
+    (message,) = proxy_warnings(caplog)
+    assert "X-Forwarded-For: 9.9.9.9" in message and "Forwarded: absent" in message
+    assert "set PROXY_HEADER to 'x-forwarded-for'" in message
+
+
+def test_no_warning_from_an_untrusted_peer_or_for_other_headers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="ratelimits"):
+        client_ip({**META_ALL, "REMOTE_ADDR": "203.0.113.9"}, PROXIES)
+        client_ip(META_ALL, PROXIES, proxy_header="x-real-ip")
+    assert proxy_warnings(caplog) == []
+
+
+def test_the_warning_escapes_and_bounds_what_the_client_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meta = {
+        "REMOTE_ADDR": "10.0.0.2",
+        "HTTP_X_FORWARDED_FOR": "1.2.3.4",
+        "HTTP_FORWARDED": "for=1.2.3.4\r\nFAKE: \x1b[31m" + "x" * 100_000,
+    }
+    with caplog.at_level("WARNING", logger="ratelimits"):
+        client_ip(meta, PROXIES)
+    (message,) = proxy_warnings(caplog)
+    assert not any(c in message for c in "\r\n\x1b")  # no forged log lines, no terminal codes
+    assert "for=1.2.3.4\\r\\nFAKE: \\x1b[31m" in message  # shown escaped instead
+    assert len(message) < 600  # the 100 KB value is cut
 
 
 @pytest.mark.parametrize(
@@ -206,7 +335,11 @@ def test_garbage_and_huge_headers_never_raise(header: str) -> None:
     meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": header, "HTTP_FORWARDED": header}
     result = client_ip(meta, PROXIES)
     assert result is None or len(result) <= 50
-    assert client_ip({"REMOTE_ADDR": "10.0.0.2", "HTTP_FORWARDED": header}, PROXIES) is not None
+    for proxy_header in ("forwarded", "x-forwarded-for"):
+        result = client_ip(meta, PROXIES, proxy_header=proxy_header)
+        assert result is None or len(result) <= 50
+    only = {"REMOTE_ADDR": "10.0.0.2", "HTTP_FORWARDED": header}
+    assert client_ip(only, PROXIES, proxy_header="forwarded") is not None
 
 
 def test_huge_header_reads_only_the_right_end() -> None:
@@ -442,9 +575,17 @@ header_text = st.one_of(
     path=st.text(max_size=100),
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "WEIRD"]),
     prefix=st.integers(min_value=1, max_value=128),
+    proxy_header=st.sampled_from(["x-forwarded-for", "forwarded", "x-api-key"]),
 )
 def test_identify_and_client_ip_never_raise(
-    remote: str, xff: str, forwarded: str, api_key: str, path: str, method: str, prefix: int
+    remote: str,
+    xff: str,
+    forwarded: str,
+    api_key: str,
+    path: str,
+    method: str,
+    prefix: int,
+    proxy_header: str,
 ) -> None:
     request = factory.generic(method, "/")
     request.path_info = path
@@ -456,8 +597,10 @@ def test_identify_and_client_ip_never_raise(
         HTTP_X_API_KEY=api_key,
     )
     for trusted in ((), PROXIES, parse_trusted_proxies(["0.0.0.0/0", "::/0"])):
-        result = client_ip(request.META, trusted, prefix)
+        result = client_ip(request.META, trusted, prefix, proxy_header)
         assert result is None or len(result) <= 50
         for spec in SPECS:
-            identity = spec.identify(request, trusted_proxies=trusted, ipv6_prefix=prefix)
+            identity = spec.identify(
+                request, trusted_proxies=trusted, ipv6_prefix=prefix, proxy_header=proxy_header
+            )
             assert identity is None or len(identity) <= MAX_IDENTITY

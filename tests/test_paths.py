@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ratelimits.pipeline.paths import MAX_PATH_LENGTH, PathPattern, normalize_path
@@ -196,7 +196,40 @@ def test_normalize_path_idempotent_on_tricky_alphabet(text: str) -> None:
     assert result == "/" or not result.endswith("/")
 
 
-@given(st.sampled_from(["*", "/", "/api/*/items/", "/static/**", "/api/login/"]), st.text())
-def test_matches_never_raises(pattern: str, text: str) -> None:
-    assert PathPattern(pattern).matches(normalize_path(text)) in (True, False)
-    assert PathPattern(pattern).matches(text) in (True, False)
+def segments_match(pattern: str, path: str) -> bool:
+    """What each pattern below must match, worked out on the normalised path's segments."""
+    segments = [] if path == "/" else path[1:].split("/")
+    return {
+        "*": True,
+        "/": segments == [],
+        "/api/login/": segments == ["api", "login"],
+        "/static/**": segments[:1] == ["static"],
+        "/api/*/items/": len(segments) == 3 and segments[::2] == ["api", "items"],
+        "/api/**/export/": len(segments) >= 2 and segments[0] == "api" and segments[-1] == "export",
+    }[pattern]
+
+
+PATTERNS = ["*", "/", "/api/login/", "/static/**", "/api/*/items/", "/api/**/export/"]
+# Paths built from the pieces the patterns name, so that matches are common, not luck.
+pieces = st.sampled_from(
+    ["api", "API", "login", "static", "items", "export", "x"]
+) | st.sampled_from([".", "..", "", "%2e", ";p=1", "staticx"])
+near_paths = st.lists(pieces, max_size=6).map("/".join) | st.text(max_size=40)
+
+
+@settings(max_examples=500)
+@given(st.sampled_from(PATTERNS), near_paths)
+@example("/api/*/items/", "/api/v1/x/items")
+@example("/api/*/items/", "/api//items")
+@example("/static/**", "/staticx/a")
+@example("/api/**/export/", "/api/export/x")
+@example("/", "/x/..")
+def test_matches_agrees_with_the_segment_rules(pattern: str, text: str) -> None:
+    path = normalize_path(text)
+    assert PathPattern(pattern).matches(path) is segments_match(pattern, path)
+
+
+@given(st.sampled_from(PATTERNS), st.text())
+def test_matches_on_a_raw_path_never_raises_and_answers_a_bool(pattern: str, text: str) -> None:
+    # matches() wants a normalised path; given anything else it must still answer, not raise.
+    assert type(PathPattern(pattern).matches(text)) is bool

@@ -200,7 +200,10 @@ def _identify(
                 identity = seen[spec]
             else:
                 identity = seen[spec] = spec.identify(
-                    request, trusted_proxies=trusted, ipv6_prefix=prefix
+                    request,
+                    trusted_proxies=trusted,
+                    ipv6_prefix=prefix,
+                    proxy_header=config["PROXY_HEADER"],
                 )
         except IdentityError as exc:
             logger.error(

@@ -10,19 +10,25 @@ import functools
 import hashlib
 import importlib
 import ipaddress
+import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DEFAULT_PROXY_HEADER",
     "IdentityError",
     "KeySpec",
     "client_ip",
     "display_identity",
+    "is_header_name",
     "parse_key",
     "parse_trusted_proxies",
 ]
+
+logger = logging.getLogger("ratelimits")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -39,10 +45,17 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^`|~0-9A-Za-z]+")  # RFC 9110 token, minus '_'
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", re.ASCII)
 # Django does not give these two the HTTP_ prefix in META.
 _UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})
+# The header a trusted proxy names the client in: what almost every proxy sets.
+DEFAULT_PROXY_HEADER = "x-forwarded-for"
 
 
 class IdentityError(Exception):
     """A key could not identify the client (e.g. a `call:` function raised)."""
+
+
+def is_header_name(name: str) -> bool:
+    """An HTTP header name Django can tell apart in META: a token without '_'."""
+    return bool(_TOKEN.fullmatch(name))
 
 
 def parse_trusted_proxies(values: Iterable[str]) -> list[Network]:
@@ -62,21 +75,31 @@ def parse_trusted_proxies(values: Iterable[str]) -> list[Network]:
 
 
 def client_ip(
-    meta: Mapping[str, Any], trusted_proxies: Sequence[Network], ipv6_prefix: int = 64
+    meta: Mapping[str, Any],
+    trusted_proxies: Sequence[Network],
+    ipv6_prefix: int = 64,
+    proxy_header: str = DEFAULT_PROXY_HEADER,
 ) -> str | None:
-    """The client address (IPv6 as its /`ipv6_prefix` network); None when there is none."""
+    """The client address (IPv6 as its /`ipv6_prefix` network); None when there is none.
+
+    Behind a trusted peer, only `proxy_header` is read: "forwarded" (RFC 7239 `for=`),
+    or any header holding comma-separated addresses ("x-forwarded-for", "x-real-ip").
+    """
     current = _parse_address(meta.get("REMOTE_ADDR"))
     if current is None:
         return None
     if _is_trusted(current, trusted_proxies):
-        # Only a trusted peer may speak for someone else. X-Forwarded-For wins over
-        # Forwarded because it is what almost every proxy sets.
-        xff = meta.get("HTTP_X_FORWARDED_FOR")
-        if isinstance(xff, str) and xff.strip():
-            hops = (_parse_address(hop) for hop in _rightmost(xff))
+        # Only a trusted peer may speak for someone else, and only in the header it sets:
+        # a header the proxy passes through untouched is whatever the client wrote.
+        name = proxy_header.lower()
+        value = meta.get(_meta_name(name))
+        text = value if isinstance(value, str) else ""
+        if name == "forwarded":
+            hops = (_forwarded_for(e) for e in _rightmost(text))
         else:
-            fwd = meta.get("HTTP_FORWARDED")
-            hops = (_forwarded_for(e) for e in _rightmost(fwd if isinstance(fwd, str) else ""))
+            hops = (_parse_address(hop) for hop in _rightmost(text))
+        if name in _PAIRED:
+            _other_header.notice(meta, current, name)
         for hop in hops:
             if hop is None:
                 break  # garbage or an obfuscated hop: keep the last one we could read
@@ -84,6 +107,68 @@ def client_ip(
             if not _is_trusted(hop, trusted_proxies):
                 break
     return _format(current, ipv6_prefix)
+
+
+@functools.lru_cache(maxsize=256)
+def _meta_name(header: str) -> str:
+    name = header.upper().replace("-", "_")
+    return name if name in _UNPREFIXED else "HTTP_" + name
+
+
+_PAIRED = {"x-forwarded-for": "forwarded", "forwarded": "x-forwarded-for"}
+_DISPLAY_NAME = {"x-forwarded-for": "X-Forwarded-For", "forwarded": "Forwarded"}
+
+
+class _OtherHeaderWarning:
+    """Warn once per process when a trusted proxy sends Forwarded and X-Forwarded-For is
+    read, or the other way round.
+
+    Only the configured header is read. If the proxy in fact sets the other one, the header
+    read is the client's own (a fresh identity per request) or absent (every client counted
+    as the proxy). A system check cannot see requests, so this is logged when it happens.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.warned = False
+
+    def notice(self, meta: Mapping[str, Any], peer: Address, read: str) -> None:
+        if self.warned:
+            return
+        other = _PAIRED[read]
+        ignored = meta.get(_meta_name(other))
+        if not (isinstance(ignored, str) and ignored.strip()):
+            return
+        with self._lock:
+            if self.warned:
+                return
+            self.warned = True
+        used = meta.get(_meta_name(read))
+        logger.warning(
+            "ratelimits: trusted proxy %s sent %s: %s, which is not read: "
+            "RATELIMITS['PROXY_HEADER'] is %r (%s: %s). If your proxy sets %s, set "
+            "PROXY_HEADER to %r; if not, the client wrote it and ignoring it is right. "
+            "Logged once per process.",
+            peer,
+            _DISPLAY_NAME[other],
+            display_identity(ignored),
+            read,
+            _DISPLAY_NAME[read],
+            display_identity(used) if isinstance(used, str) and used.strip() else "absent",
+            _DISPLAY_NAME[other],
+            other,
+        )
+
+    def reset(self) -> None:
+        self.warned = False
+
+
+_other_header = _OtherHeaderWarning()
+
+
+def reset_proxy_warning() -> None:
+    """Let the other-header warning be logged again (tests)."""
+    _other_header.reset()
 
 
 def _rightmost(header: str) -> list[str]:
@@ -198,7 +283,12 @@ class KeySpec:
     arg: str = ""
 
     def identify(
-        self, request: Any, *, trusted_proxies: Sequence[Network] = (), ipv6_prefix: int = 64
+        self,
+        request: Any,
+        *,
+        trusted_proxies: Sequence[Network] = (),
+        ipv6_prefix: int = 64,
+        proxy_header: str = DEFAULT_PROXY_HEADER,
     ) -> str | None:
         """The client identity for this key, or None when the policy does not apply."""
         http = getattr(request, "_request", request)
@@ -211,11 +301,10 @@ class KeySpec:
                 return user
             kind = "ip"
         if kind == "ip":
-            address = client_ip(_meta(http), trusted_proxies, ipv6_prefix)
+            address = client_ip(_meta(http), trusted_proxies, ipv6_prefix, proxy_header)
             return None if address is None else _bounded("ip", address)
         if kind == "header":
-            name = self.arg.upper().replace("-", "_")
-            value = _meta(http).get(name if name in _UNPREFIXED else "HTTP_" + name)
+            value = _meta(http).get(_meta_name(self.arg.lower()))
         elif kind == "query":
             query = getattr(http, "GET", None)
             value = query.get(self.arg) if query is not None else None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.conf import settings
+from django.core import checks
 from django.core.checks import run_checks
 from django.test import override_settings
 
@@ -26,6 +29,14 @@ def test_the_test_settings_pass():
 def test_e001_unknown_key():
     (msg,) = messages("ratelimits.E001")
     assert "HEADER" in msg.msg and msg.hint
+
+
+def test_e001_hint_points_to_a_section_that_exists():
+    with override_settings(RATELIMITS={"HEADER": "ietf"}):
+        (msg,) = messages("ratelimits.E001")
+    assert "README" in msg.hint and '"Settings reference"' in msg.hint
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "\n### Settings reference\n" in readme
 
 
 @override_settings(RATELIMITS={"MAX_DELAY": "soon"})
@@ -77,3 +88,19 @@ def test_w002_nothing_installed():
         assert "ratelimits.W002" in ids()
     with override_settings(MIDDLEWARE=without):  # the DRF throttle alone is enough
         assert "ratelimits.W002" not in ids()
+
+
+@override_settings(RATELIMITS={"TRUSTED_PROXIES": ["10.0.0.0/8"]})
+def test_i001_trusted_proxies_without_a_chosen_header():
+    (msg,) = messages("ratelimits.I001")
+    assert msg.level == checks.INFO
+    assert "X-Forwarded-For" in msg.msg and "PROXY_HEADER" in msg.hint
+    assert "'forwarded'" in msg.hint
+
+
+def test_i001_is_quiet_once_the_header_is_chosen_or_no_proxy_is_trusted():
+    chosen = {"TRUSTED_PROXIES": ["10.0.0.0/8"], "PROXY_HEADER": "x-forwarded-for"}
+    with override_settings(RATELIMITS=chosen):
+        assert "ratelimits.I001" not in ids()
+    with override_settings(RATELIMITS={"PROXY_HEADER": "forwarded"}):
+        assert "ratelimits.I001" not in ids()

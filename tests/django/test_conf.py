@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -16,6 +18,7 @@ def test_defaults_fill_every_key():
     assert config["CACHE"] == "default"
     assert config["HEADERS"] == "ietf"
     assert config["IPV6_PREFIX"] == 64
+    assert config["PROXY_HEADER"] == "x-forwarded-for"
 
 
 def test_unknown_keys_are_refused_with_the_valid_list():
@@ -49,3 +52,35 @@ def test_accessor_is_cached_and_cleared_when_settings_change():
     with override_settings(RATELIMITS={"HEADERS": "legacy"}):
         assert get_config()["HEADERS"] == "legacy"
     assert get_config()["HEADERS"] == "ietf"
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("forwarded", "forwarded"),
+        ("X-Forwarded-For", "x-forwarded-for"),
+        (" X-Real-IP ", "x-real-ip"),
+        ("CF-Connecting-IP", "cf-connecting-ip"),
+    ],
+)
+def test_proxy_header_is_stored_lower_case(value, stored):
+    assert build_config({"PROXY_HEADER": value})["PROXY_HEADER"] == stored
+
+
+@pytest.mark.parametrize(
+    "value", ["HTTP_X_FORWARDED_FOR", "x_real_ip", "", "x forwarded for", "for:", None, 1]
+)
+def test_proxy_header_refusal_says_what_to_write(value):
+    with pytest.raises(ImproperlyConfigured) as info:
+        build_config({"PROXY_HEADER": value})
+    message = str(info.value)
+    assert message.startswith("RATELIMITS['PROXY_HEADER'] must name the one header")
+    assert "'x-forwarded-for', 'forwarded' (RFC 7239) or e.g. 'x-real-ip'" in message
+    assert repr(value) in message
+
+
+def test_the_readme_settings_reference_has_a_row_for_every_key():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    reference = readme.split("\n### Settings reference\n", 1)[1].split("\n### ", 1)[0]
+    rows = {line.split("`")[1] for line in reference.splitlines() if line.startswith("| `")}
+    assert rows == set(SETTINGS)

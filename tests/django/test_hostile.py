@@ -3,6 +3,7 @@ spellings, absurd headers. Each must land on the same quota, and none may cause 
 
 from __future__ import annotations
 
+import hashlib
 from urllib.parse import unquote
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from ratelimits.middleware import RateLimitMiddleware
+from ratelimits.ops import observe
 from ratelimits.pipeline import evaluation
 
 pytestmark = pytest.mark.django_db
@@ -41,6 +43,27 @@ def test_behind_a_trusted_proxy_forged_entries_on_the_left_are_never_reached(
     assert got == [200, 200, 429, 429]
     # another real client behind the same proxy has its own quota
     assert statuses(client, HTTP_X_FORWARDED_FOR="203.0.113.6") == [200]
+
+
+def test_forged_x_forwarded_for_behind_a_forwarded_only_proxy_gives_no_fresh_quota(
+    client, make_policy, settings
+):
+    # The proxy sets Forwarded and passes the client's own X-Forwarded-For through.
+    settings.RATELIMITS = {
+        **settings.RATELIMITS,
+        "TRUSTED_PROXIES": ["127.0.0.0/8"],
+        "PROXY_HEADER": "forwarded",
+    }
+    make_policy(name="per-ip", limit=2, path="/hello/")
+    got = [
+        client.get(
+            "/hello/", HTTP_FORWARDED="for=203.0.113.5", HTTP_X_FORWARDED_FOR=f"198.51.100.{i}"
+        ).status_code
+        for i in range(4)
+    ]
+    assert got == [200, 200, 429, 429]
+    # another real client behind the same proxy has its own quota
+    assert statuses(client, HTTP_FORWARDED="for=203.0.113.6") == [200]
 
 
 def test_rotating_ipv6_addresses_inside_one_64_gives_no_fresh_quota(client, make_policy):
@@ -80,14 +103,44 @@ def test_every_spelling_of_a_path_counts_against_one_policy(client, make_policy)
         assert as_served(client, variant).status_code == 429, variant
 
 
+def hashed(kind: str, value: str) -> str:
+    """The identity a long or unprintable value is counted under, worked out independently."""
+    digest = hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16)
+    return f"{kind}:h:{digest.hexdigest()}"
+
+
 @pytest.mark.parametrize(
-    "value",
-    ["k" * 1_000_000, "a\x00b", "\x01\x02\x7f", "caf\xc3\xa9", "\udcff", " ", "é" * 5000],
+    ("value", "identity"),
+    [
+        ("k" * 1_000_000, hashed("header", "k" * 1_000_000)),  # too long: a digest
+        ("a\x00b", hashed("header", "a\x00b")),  # control characters: a digest
+        ("\x01\x02\x7f", hashed("header", "\x01\x02\x7f")),
+        ("caf\xc3\xa9", hashed("header", "caf\xc3\xa9")),  # latin-1 read of UTF-8 bytes
+        ("\udcff", hashed("header", "\udcff")),  # a lone surrogate still hashes
+        ("é" * 5000, hashed("header", "é" * 5000)),
+        ("  k-123  ", "header:k-123"),  # surrounding blanks are not part of the key
+        (" ", None),  # blank: no identity, the policy does not apply
+    ],
 )
-def test_absurd_header_values_never_crash(client, make_policy, value):
+def test_absurd_header_values_are_counted_under_a_bounded_identity(
+    client, make_policy, value, identity
+):
     make_policy(name="by-key", limit=1, key="header:X-Api-Key", path="/hello/")
-    got = statuses(client, n=2, HTTP_X_API_KEY=value)
-    assert got[0] == 200 and got[1] in (200, 429)
+    responses = [client.get("/hello/", HTTP_X_API_KEY=value) for _ in range(2)]
+    got = [r.status_code for r in responses]
+    counts = observe.last_hour(["by-key"])["by-key"]
+    if identity is None:
+        assert got == [200, 200]
+        assert (counts.admitted, counts.rejected) == (0, 0)  # never counted
+        assert observe.offenders("by-key") == []
+        return
+    # counted: the first passes, the second is over the limit of one
+    assert got == [200, 429]
+    assert 1 <= int(responses[1]["Retry-After"]) <= 3600
+    assert (counts.admitted, counts.rejected) == (1, 1)
+    assert observe.offenders("by-key") == [(identity, 1)]
+    # a value one character away is another client, with its own quota
+    assert statuses(client, HTTP_X_API_KEY=value + "!") == [200]
 
 
 @pytest.mark.parametrize("value", ["q" * 100_000, "\x00", "%ff%fe", "a&b=c"])

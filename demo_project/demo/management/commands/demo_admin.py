@@ -12,13 +12,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--username", default="admin")
         parser.add_argument("--password", help="default: a fresh random password")
+        parser.add_argument(
+            "--port", type=int, default=8000, help="the port the demo is served on (8000)"
+        )
 
-    def handle(self, *args, username, password, **options):
+    def handle(self, *args, username, password, port, **options):
         password = password or secrets.token_urlsafe(9)
         user, _ = get_user_model().objects.get_or_create(username=username)
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
         self.stdout.write(
-            f"Admin: http://127.0.0.1:8000/admin/  user: {username}  password: {password}"
+            f"Admin: http://127.0.0.1:{port}/admin/  user: {username}  password: {password}"
         )
