@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ratelimits.pipeline.evaluation import Outcome
+from ratelimits.pipeline.verdict import Outcome
 
 
 def closest(outcomes: Iterable[Outcome]) -> Outcome | None:

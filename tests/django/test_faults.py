@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.test import override_settings
 
-from ratelimits.pipeline import evaluation
+from ratelimits.pipeline.state import process
 from tests.redis_server import RedisProcess
 
 #: Generous bounds for a loaded 2-core CI machine; the default timeouts are 0.1 s.
@@ -75,7 +75,7 @@ EXPECTED = {
 def test_killed_server_answers_per_on_error_then_resumes(
     client, make_policy, server, on_error, caplog, monkeypatch
 ):
-    monkeypatch.setattr(evaluation, "_last_unavailable_log", 0.0)
+    monkeypatch.setattr(process, "last_unavailable_log", 0.0)
     make_policy(name=f"killed-{on_error}", limit=3, path="/hello/", on_error=on_error)
     assert timed(client, "/hello/", 2)[0] == [200, 200]
 
@@ -173,7 +173,7 @@ def test_local_fallback_takes_this_instances_share(client, make_policy, settings
 
 def test_local_share_never_drops_below_one_request():
     from ratelimits.engine import Limit
-    from ratelimits.pipeline.evaluation import local_share
+    from ratelimits.pipeline.fallback import local_share
 
     assert local_share(Limit("c", "fixed_window", 100, 1), 2).limit == 50
     assert local_share(Limit("c", "gcra", 100, 1, burst=10), 3).burst == 4

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ratelimits.engine.types import Limit, Result
-from ratelimits.pipeline.evaluation import Outcome
 from ratelimits.pipeline.headers import closest, rate_headers
 from ratelimits.pipeline.resolver import CompiledPolicy
+from ratelimits.pipeline.verdict import Outcome
 
 
 def outcome(

@@ -10,6 +10,7 @@ from django.test import AsyncClient, Client, override_settings
 
 from ratelimits import signals
 from ratelimits.pipeline import evaluation
+from ratelimits.pipeline.state import process
 from ratelimits.pipeline.store import get_engine
 
 pytestmark = pytest.mark.django_db
@@ -268,7 +269,7 @@ UNREACHABLE = {
 def test_on_error_when_redis_is_unreachable(
     client, make_policy, on_error, expected, caplog, monkeypatch
 ):
-    monkeypatch.setattr(evaluation, "_last_unavailable_log", 0.0)  # logged once a minute
+    monkeypatch.setattr(process, "last_unavailable_log", 0.0)  # logged once a minute
     make_policy(name=f"fallback-{on_error}", limit=2, on_error=on_error)
     client.get("/hello/")  # the snapshot is loaded; the local engine starts empty
     with override_settings(CACHES=UNREACHABLE), caplog.at_level(logging.ERROR, "ratelimits"):
