@@ -88,6 +88,9 @@ def _evaluate(
         from ratelimits.pipeline.paths import normalize_path
 
         state.path = normalize_path(base.path_info)
+        if not base.path_info.endswith("/") and redirects_with_slash(base):
+            state.exempt = True  # the redirected request is the one charged
+            return None
     method = (base.method or "GET").upper()
     return _decide(request, state, resolver.snapshot(), method, scopes, sender, config)
 
@@ -136,6 +139,28 @@ def _decide(
         if extra is not None:
             verdict = verdict.merged(extra)
     return verdict
+
+
+_COMMON = "django.middleware.common.CommonMiddleware"
+
+
+def redirects_with_slash(base: Any) -> bool:
+    """Whether CommonMiddleware will answer this request with a redirect to `path + "/"`.
+
+    The redirect costs the client nothing: the request it leads to is charged. Any other
+    unresolved URL is charged, so scanners probing for pages stay limited.
+    """
+    from django.conf import settings
+
+    if not settings.APPEND_SLASH or _COMMON not in settings.MIDDLEWARE:
+        return False
+    from django.middleware.common import CommonMiddleware
+
+    return bool(CommonMiddleware(_no_response).should_redirect_with_slash(base))
+
+
+def _no_response(request: Any) -> Any:  # CommonMiddleware wants a get_response
+    return None
 
 
 def _is_exempt(base: Any, state: RequestState, config: Mapping[str, Any]) -> bool:

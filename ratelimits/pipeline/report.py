@@ -13,9 +13,35 @@ from ratelimits.pipeline.state import http_request, process
 logger = logging.getLogger("ratelimits")
 
 
+#: Longest client-controlled value a log line shows (paths, methods, error texts).
+MAX_LOGGED = 200
+
+
+def log_safe(value: Any, limit: int = MAX_LOGGED) -> str:
+    """A client-controlled value made safe for one log line.
+
+    CR, LF and every other non-printable character are escaped (`\\r\\n`), so a
+    request cannot end our line and forge another; long values are cut with "…".
+    """
+    text = value if isinstance(value, str) else str(value)
+    head = text[: limit + 1]
+    if not head.isprintable():
+        head = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in head)
+    if len(head) > limit:
+        return head[: limit - 1] + "…"
+    return head
+
+
 def path_of(request: Any) -> str:
     try:
-        return str(http_request(request).path)[:200]
+        return log_safe(http_request(request).path)
+    except Exception:
+        return "?"
+
+
+def method_of(request: Any) -> str:
+    try:
+        return log_safe(http_request(request).method, 20)
     except Exception:
         return "?"
 
@@ -46,7 +72,7 @@ def report(request: Any, outcome: Any, sender: type) -> None:
         level,
         f"ratelimits: {what} %s %s (key %s, client %s, retry after %.1fs)",
         policy.name,
-        http_request(request).method,
+        method_of(request),
         path,
         policy.key_kind,
         shown,
@@ -61,7 +87,7 @@ def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:
         "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s",
         policy.name,
         path_of(request),
-        exc,
+        log_safe(exc),
         policy.on_error,
     )
 

@@ -101,12 +101,17 @@ def compile_policy(policy: Any) -> CompiledPolicy:
         key=policy.key,
         key_spec=parse_key(policy.key),
         pattern=PathPattern(policy.path),
-        methods=frozenset(split_methods(policy.methods)),
+        methods=_with_head(frozenset(split_methods(policy.methods))),
         scope=policy.scope,
         on_error=policy.on_error,
         priority=policy.priority,
         template=policy.as_limit(""),
     )
+
+
+def _with_head(methods: frozenset[str]) -> frozenset[str]:
+    # Django answers HEAD with the GET view: a limit on GET must hold for HEAD too.
+    return methods | {"HEAD"} if "GET" in methods else methods
 
 
 def _order(p: CompiledPolicy) -> tuple[int, int, str]:
