@@ -35,6 +35,7 @@ from ratelimits.pipeline.verdict import (
     Verdict,
     judge,
 )
+from ratelimits.pipeline.watchdog import hold, watchdog
 
 __all__ = [
     "ADMITTED",
@@ -128,7 +129,7 @@ def _decide(
         recorder.decided(engine, seconds, [(p.policy, p.identity) for p in planned], decision)
     state.version_seen = True
     if decision.token is not None:
-        state.holds.append((engine, decision))
+        hold(state, engine, decision)
     verdict = judge(request, state, planned, decision, failed, sender, config)
 
     # Another process changed the policies: load them and apply the ones this request
@@ -185,6 +186,7 @@ def release(request: Any, state: RequestState | None = None) -> None:
             return
     holds, state.holds = state.holds, []
     for engine, decision in holds:
+        watchdog.drop(decision)
         try:
             engine.release(decision)
         except Exception as exc:  # the slot expires by itself; do not fail the response

@@ -18,6 +18,7 @@ from ratelimits.pipeline.verdict import (
     Verdict,
     judge,
 )
+from ratelimits.pipeline.watchdog import hold
 
 
 def fallback(
@@ -50,7 +51,7 @@ def fallback(
     instances = config["INSTANCES"]
     decision = engine.evaluate([local_share(p.limit, instances) for p in local])
     if decision.token is not None:
-        state.holds.append((engine, decision))
+        hold(state, engine, decision)
     return judge(request, state, local, decision, (), sender, config, prior=undecided)
 
 

@@ -65,10 +65,12 @@ def reset_state() -> None:
     from ratelimits.ops import metrics
     from ratelimits.pipeline import store
     from ratelimits.pipeline.resolver import resolver
+    from ratelimits.pipeline.watchdog import watchdog
 
     reset_config()
-    store.reset_engines()  # the engines and the breaker they carry; the watchdog, waiting room
+    store.reset_engines()  # the engines and the breakers they carry
     resolver.reset()
+    watchdog.stop()
     metrics._state = (None, None)
     keys._base_key.cache_clear()
     process.last_unavailable_log = 0.0
