@@ -57,7 +57,9 @@ class RateLimitMiddleware:
         if verdict is not None and not verdict.allowed:
             return _finish(request, state, rejection_response(request, verdict))
         if verdict is not None and verdict.delay > 0:
-            evaluation.sleep(verdict.delay)
+            verdict = evaluation.wait_turn(verdict)
+            if not verdict.allowed:
+                return _finish(request, state, rejection_response(request, verdict))
         try:
             response = self.get_response(request)
         except BaseException:
@@ -72,7 +74,10 @@ class RateLimitMiddleware:
             response = await sync_to_async(rejection_response)(request, verdict)
             return await sync_to_async(_finish)(request, state, response)
         if verdict is not None and verdict.delay > 0:
-            await evaluation.asleep(verdict.delay)
+            verdict = await evaluation.await_turn(verdict)
+            if not verdict.allowed:
+                response = await sync_to_async(rejection_response)(request, verdict)
+                return await sync_to_async(_finish)(request, state, response)
         try:
             response = await self.get_response(request)
         except BaseException:

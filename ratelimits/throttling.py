@@ -52,7 +52,10 @@ class PolicyThrottle(BaseThrottle):
             self._wait = verdict.retry_after
             return False
         if verdict.delay > 0:
-            evaluation.sleep(verdict.delay)
+            verdict = evaluation.wait_turn(verdict)
+            if not verdict.allowed:
+                self._wait = verdict.retry_after
+                return False
         return True
 
     def wait(self) -> int | None:

@@ -10,7 +10,9 @@ request at most once however many glue layers look at it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +37,7 @@ from ratelimits.pipeline.verdict import (
     Verdict,
     judge,
 )
+from ratelimits.pipeline.waiting import room
 from ratelimits.pipeline.watchdog import hold, watchdog
 
 __all__ = [
@@ -191,6 +194,50 @@ def release(request: Any, state: RequestState | None = None) -> None:
             engine.release(decision)
         except Exception as exc:  # the slot expires by itself; do not fail the response
             logger.warning("ratelimits: could not release a concurrency slot (%s)", exc)
+
+
+def _waiter(verdict: Verdict) -> tuple[str, ...]:
+    """Who waits: the clients of the policies that delay this request."""
+    return tuple(
+        sorted({o.identity for o in verdict.outcomes if o.result is not None and o.result.delay})
+    )
+
+
+def _no_room(verdict: Verdict) -> Verdict:
+    """No waiting room left: refuse now, telling the client when its turn would be."""
+    turn = max((d.delay for d in verdict.decisions), default=verdict.delay)  # not capped
+    return dataclasses.replace(
+        verdict, status=LIMITED, delay=0.0, own_retry_after=max(1, math.ceil(turn))
+    )
+
+
+def wait_turn(verdict: Verdict) -> Verdict:
+    """Hold an admitted, delayed request for its delay if the waiting room has a place.
+
+    Returns the verdict to act on: the same one after the wait, or a 429 at once.
+    """
+    config = get_config()
+    client = _waiter(verdict)
+    if not room.enter(client, config["MAX_WAITING"], config["MAX_WAITING_PER_CLIENT"]):
+        return _no_room(verdict)
+    try:
+        sleep(verdict.delay)
+    finally:
+        room.leave(client)
+    return verdict
+
+
+async def await_turn(verdict: Verdict) -> Verdict:
+    """`wait_turn` for the async stack: the event loop serves others meanwhile."""
+    config = get_config()
+    client = _waiter(verdict)
+    if not room.enter(client, config["MAX_WAITING"], config["MAX_WAITING_PER_CLIENT"]):
+        return _no_room(verdict)
+    try:
+        await asleep(verdict.delay)
+    finally:
+        room.leave(client)
+    return verdict
 
 
 def sleep(seconds: float) -> None:

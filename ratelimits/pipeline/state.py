@@ -65,12 +65,14 @@ def reset_state() -> None:
     from ratelimits.ops import metrics
     from ratelimits.pipeline import store
     from ratelimits.pipeline.resolver import resolver
+    from ratelimits.pipeline.waiting import room
     from ratelimits.pipeline.watchdog import watchdog
 
     reset_config()
     store.reset_engines()  # the engines and the breakers they carry
     resolver.reset()
     watchdog.stop()
+    room.reset()
     metrics._state = (None, None)
     keys._base_key.cache_clear()
     process.last_unavailable_log = 0.0
