@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,7 +97,7 @@ def log_unexpected(request: Any) -> None:
 
 def log_unavailable(exc: Exception, config: Mapping[str, Any]) -> None:
     """Once per breaker cool-down: an outage is news, each request during it is not."""
-    now = time.monotonic()
+    now = process.clock()
     last = process.last_unavailable_log
     if last == 0.0 or now - last >= config["BREAKER_COOLDOWN"]:
         process.last_unavailable_log = now

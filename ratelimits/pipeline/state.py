@@ -13,6 +13,8 @@ tests call it between cases, and settings changes call the relevant parts.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +53,10 @@ def state_for(request: Any) -> RequestState:
 class ProcessState:
     """Small process-wide values of the request path that belong to no other module."""
 
-    #: time.monotonic() of the last "store unavailable" log line (0: never).
+    #: The clock of the circuit breaker and of the unavailable-log interval; tests that
+    #: need an outage to last exactly as long as they say replace it.
+    clock: Callable[[], float] = time.monotonic
+    #: `clock()` at the last "store unavailable" log line (0: never).
     last_unavailable_log: float = 0.0
 
 
