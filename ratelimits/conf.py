@@ -119,6 +119,10 @@ SETTINGS: dict[str, Setting] = {
     "PROXY_HEADER": Setting("x-forwarded-for", _proxy_header),
     # Longest a leaky-bucket request is held before it is served.
     "MAX_DELAY": Setting(5.0, _seconds),
+    # Requests that may wait (leaky bucket) at once in one process, and of one client;
+    # beyond them a delayed request is refused at once with a 429 rather than wait.
+    "MAX_WAITING": Setting(4, _positive_int),
+    "MAX_WAITING_PER_CLIENT": Setting(1, _positive_int),
     # exempt(request) -> bool; True skips every policy (health checks, internal probes).
     "EXEMPT": Setting(None, _optional_dotted_path),
     # The engine's own Redis timeouts, independent of the cache's: a limiter must answer

@@ -13,23 +13,23 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.evaluation import UNSCOPED
 from ratelimits.pipeline.responses import decorate, rejection_response
+from ratelimits.pipeline.state import RequestState, state_for
 
 
-def _finish(request: Any, response: Any) -> Any:
+def _finish(request: Any, state: RequestState, response: Any) -> Any:
     """Headers now; concurrency slots when the response is finished.
 
     A streaming response is still running when it leaves the middleware, so its slots are
     released from the response's close(), which the server calls once the body is sent
     (or the client went away).
     """
-    decorate(request, response)
-    state = evaluation.state_for(request)
+    decorate(state, response)
     if state.holds:
         if getattr(response, "streaming", False):
             # Django calls every entry of _resource_closers from HttpResponseBase.close().
-            response._resource_closers.append(lambda: evaluation.release(request))
+            response._resource_closers.append(lambda: evaluation.release(request, state))
         else:
-            evaluation.release(request)
+            evaluation.release(request, state)
     return response
 
 
@@ -45,35 +45,42 @@ class RateLimitMiddleware:
         if self.is_async:
             markcoroutinefunction(self)
 
-    def _evaluate(self, request: Any) -> Any:
-        evaluation.state_for(request).middleware = True
-        return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self))
+    def _evaluate(self, request: Any, state: RequestState) -> Any:
+        state.middleware = True
+        return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state)
 
     def __call__(self, request: Any) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        verdict = self._evaluate(request)
+        state = state_for(request)
+        verdict = self._evaluate(request, state)
         if verdict is not None and not verdict.allowed:
-            return _finish(request, rejection_response(request, verdict))
+            return _finish(request, state, rejection_response(request, verdict))
         if verdict is not None and verdict.delay > 0:
-            evaluation.sleep(verdict.delay)
+            verdict = evaluation.wait_turn(verdict)
+            if not verdict.allowed:
+                return _finish(request, state, rejection_response(request, verdict))
         try:
             response = self.get_response(request)
         except BaseException:
-            evaluation.release(request)
+            evaluation.release(request, state)
             raise
-        return _finish(request, response)
+        return _finish(request, state, response)
 
     async def __acall__(self, request: Any) -> Any:
-        verdict = await sync_to_async(self._evaluate)(request)
+        state = state_for(request)
+        verdict = await sync_to_async(self._evaluate)(request, state)
         if verdict is not None and not verdict.allowed:
             response = await sync_to_async(rejection_response)(request, verdict)
-            return await sync_to_async(_finish)(request, response)
+            return await sync_to_async(_finish)(request, state, response)
         if verdict is not None and verdict.delay > 0:
-            await evaluation.asleep(verdict.delay)
+            verdict = await evaluation.await_turn(verdict)
+            if not verdict.allowed:
+                response = await sync_to_async(rejection_response)(request, verdict)
+                return await sync_to_async(_finish)(request, state, response)
         try:
             response = await self.get_response(request)
         except BaseException:
-            await sync_to_async(evaluation.release)(request)
+            await sync_to_async(evaluation.release)(request, state)
             raise
-        return await sync_to_async(_finish)(request, response)
+        return await sync_to_async(_finish)(request, state, response)

@@ -14,7 +14,8 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from ratelimits.pipeline import evaluation
-from ratelimits.pipeline.evaluation import UNAVAILABLE
+from ratelimits.pipeline.state import state_for
+from ratelimits.pipeline.verdict import UNAVAILABLE
 from ratelimits.receivers import release_when_finished
 
 
@@ -25,7 +26,7 @@ class RateLimitStoreUnavailable(APIException):
     default_detail = "Service temporarily unavailable. Retry shortly."
     default_code = "ratelimit_store_unavailable"
 
-    def __init__(self, wait: float) -> None:
+    def __init__(self, wait: int) -> None:
         super().__init__()
         self.wait = wait
 
@@ -34,26 +35,29 @@ class PolicyThrottle(BaseThrottle):
     """A DRF throttle driven by the admin-managed policies."""
 
     def __init__(self) -> None:
-        self._wait: float | None = None
+        self._wait: int | None = None
 
     def allow_request(self, request: Any, view: Any) -> bool:
         scope = getattr(view, "throttle_scope", None) or ""
         scopes = frozenset({"", scope})
-        verdict = evaluation.evaluate(request, scopes=scopes, sender=type(self))
+        state = state_for(request)
+        verdict = evaluation.evaluate(request, scopes=scopes, sender=type(self), state=state)
         if verdict is None:
             return True
-        state = evaluation.state_for(request)
         if state.holds and not state.middleware:
             release_when_finished(request)
         if verdict.status == UNAVAILABLE:
-            raise RateLimitStoreUnavailable(float(verdict.retry_after_header))
+            raise RateLimitStoreUnavailable(verdict.retry_after)
         if not verdict.allowed:
-            self._wait = float(verdict.retry_after_header)
+            self._wait = verdict.retry_after
             return False
         if verdict.delay > 0:
-            evaluation.sleep(verdict.delay)
+            verdict = evaluation.wait_turn(verdict)
+            if not verdict.allowed:
+                self._wait = verdict.retry_after
+                return False
         return True
 
-    def wait(self) -> float | None:
+    def wait(self) -> int | None:
         """Seconds until the refused request could pass (DRF's Retry-After), at least 1."""
         return self._wait

@@ -416,3 +416,34 @@ class MemoryEngine:
         with self._lock:
             for k in [k for k in self._store.data if k == key or k.startswith(key + ":")]:
                 del self._store.data[k]
+
+    def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
+        """Keep the concurrency slots these decisions hold for another `period` from now.
+
+        Slots already released or expired stay gone.
+        """
+        now_f = float(to_us(time.time() if now is None else now))
+        with self._lock:
+            store = self._store
+            for decision in decisions:
+                if decision.token is None:
+                    continue
+                for result in decision.results:
+                    limit = result.limit
+                    if limit.algorithm != "concurrency" or result.outcome != "a":
+                        continue
+                    key = base_key(self.prefix, limit)
+                    held: dict[str, float] | None = store.get(key, now_f)
+                    if not held:
+                        continue
+                    for member in [m for m, expiry in held.items() if expiry <= now_f]:
+                        del held[member]
+                    expiry = now_f + period_us(limit)
+                    renewed = False
+                    for i in range(1, limit.cost + 1):
+                        member = f"{decision.token}:{i}"
+                        if member in held and held[member] < expiry:
+                            held[member] = expiry
+                            renewed = True
+                    if renewed and store.data[key][1] < now_f + _ttl_us(period_us(limit)):
+                        store.set(key, held, now_f, period_us(limit))

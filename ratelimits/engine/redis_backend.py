@@ -216,3 +216,65 @@ class RedisEngine:
             now_us = to_us(now)
         win = math.floor(now_us / period_us(limit))
         self.client.delete(key, f"{key}:{win}", f"{key}:{win - 1}")
+
+    #: renew(): per key, drop the slots already expired (reclaimed: they must not come
+    #: back), push the expiry of the named ones still held (XX: a released slot stays
+    #: gone; GT: never shortened), and keep the key itself alive as long.
+    #: ARGV: now_us ('' = server time), then per key: period_us, member count, members.
+    _RENEW_SOURCE = """
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local o = 2
+for i = 1, #KEYS do
+  local key, period, n = KEYS[i], tonumber(ARGV[o]), tonumber(ARGV[o + 1])
+  local score = string.format('%.17g', now + period)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
+  local args = {}
+  for j = 1, n do
+    args[#args + 1] = score
+    args[#args + 1] = ARGV[o + 1 + j]
+  end
+  if redis.call('ZADD', key, 'XX', 'GT', 'CH', unpack(args)) > 0 then
+    local ms = math.ceil(period / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('PEXPIRE', key, ms, 'GT')
+  end
+  o = o + 2 + n
+end
+return 1
+"""
+
+    def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
+        """Keep the concurrency slots these decisions hold for another `period` from now.
+
+        One round trip for all of them. Slots already released or expired stay gone.
+        Raises EngineUnavailable when the store is out of reach.
+        """
+        keys: list[str] = []
+        args: list[Any] = ["" if now is None else to_us(now)]
+        for decision in decisions:
+            if decision.token is None:
+                continue
+            for result in decision.results:
+                limit = result.limit
+                if limit.algorithm != "concurrency" or result.outcome != "a":
+                    continue
+                keys.append(base_key(self.prefix, limit))
+                args += (period_us(limit), limit.cost)
+                args += [f"{decision.token}:{i}" for i in range(1, limit.cost + 1)]
+        if not keys:
+            return
+        script = self.__dict__.get("_renew_script")
+        if script is None:
+            script = self.__dict__["_renew_script"] = self.client.register_script(
+                self._RENEW_SOURCE
+            )
+        try:
+            script(keys=keys, args=args)
+        except UNAVAILABLE_ERRORS as exc:
+            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
+        except redis.RedisError as exc:
+            raise EngineError(str(exc)) from exc

@@ -1,7 +1,10 @@
 """Rate-limit response headers: the IETF draft fields and the legacy X-RateLimit-* trio.
 
 IETF style follows draft-ietf-httpapi-ratelimit-headers-10:
-``RateLimit-Policy: "name";q=100;w=60`` and ``RateLimit: "name";r=42;t=17``.
+``RateLimit-Policy: "name";q=100;w=60`` and ``RateLimit: "name";r=42;t=17``. `q` per `w`
+is the policy's limit per period for every algorithm (a concurrency limit has no window);
+`r` is what this client may spend now (for a bucket, up to its burst) and `t` the seconds
+until its state is fully reset, or until a refused request could pass.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ratelimits.pipeline.evaluation import Outcome
+from ratelimits.pipeline.verdict import Outcome
 
 
 def closest(outcomes: Iterable[Outcome]) -> Outcome | None:
@@ -37,7 +40,9 @@ def _seconds(value: float) -> int:
 def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
     """The headers describing one policy's state for this client, in `style`."""
     limit, result = outcome.result.limit, outcome.result
-    quota = limit.capacity
+    # The draft's quota: `q` units per `w` seconds. For the buckets and gcra that is the
+    # sustained rate (limit per period), not the burst a client may spend at once.
+    quota = limit.limit
     remaining = max(0, int(result.remaining))
     reset = _seconds(result.reset_after if result.allowed else result.retry_after)
     headers: dict[str, str] = {}

@@ -19,6 +19,10 @@ from ratelimits.engine.types import Limit
 
 logger = logging.getLogger("ratelimits")
 
+_TEMPLATE_FIELDS = tuple(f.name for f in dataclasses.fields(Limit) if f.name != "key")
+_new_limit = object.__new__
+_set = object.__setattr__
+
 #: After a failed rebuild, wait this long before querying the database again.
 RETRY_AFTER_FAILURE = 1.0
 
@@ -56,7 +60,17 @@ class CompiledPolicy:
         )
 
     def limit_for(self, identity: str) -> Limit:
-        return dataclasses.replace(self.template, key=identity)
+        """The engine limit for one client: the template with its key set.
+
+        The template was validated when the policy was compiled and only the key
+        differs, so the copy skips `Limit.__post_init__` (it runs per policy per request).
+        """
+        limit = _new_limit(Limit)
+        _set(limit, "key", identity)
+        template = self.template
+        for name in _TEMPLATE_FIELDS:
+            _set(limit, name, getattr(template, name))
+        return limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +101,17 @@ def compile_policy(policy: Any) -> CompiledPolicy:
         key=policy.key,
         key_spec=parse_key(policy.key),
         pattern=PathPattern(policy.path),
-        methods=frozenset(split_methods(policy.methods)),
+        methods=_with_head(frozenset(split_methods(policy.methods))),
         scope=policy.scope,
         on_error=policy.on_error,
         priority=policy.priority,
         template=policy.as_limit(""),
     )
+
+
+def _with_head(methods: frozenset[str]) -> frozenset[str]:
+    # Django answers HEAD with the GET view: a limit on GET must hold for HEAD too.
+    return methods | {"HEAD"} if "GET" in methods else methods
 
 
 def _order(p: CompiledPolicy) -> tuple[int, int, str]:

@@ -11,7 +11,8 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
 from ratelimits.pipeline import headers
-from ratelimits.pipeline.evaluation import LIMITED, Verdict, http_request, state_for
+from ratelimits.pipeline.state import RequestState, http_request
+from ratelimits.pipeline.verdict import LIMITED, Verdict
 
 logger = logging.getLogger("ratelimits")
 
@@ -47,7 +48,7 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
     """Render the configured REJECT_VIEW (falling back to `reject` if it fails)."""
     rejection = Rejection(
         status=verdict.status,
-        retry_after=int(verdict.retry_after_header),
+        retry_after=verdict.retry_after,
         policies=tuple(o.policy.name for o in verdict.rejected_by),
         verdict=verdict,
     )
@@ -61,13 +62,12 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
             logger.exception("ratelimits: REJECT_VIEW %s failed; using the default", view_path)
     if response is None:
         response = reject(base, rejection)
-    response["Retry-After"] = verdict.retry_after_header
+    response["Retry-After"] = str(rejection.retry_after)
     return response
 
 
-def decorate(request: Any, response: Any) -> Any:
+def decorate(state: RequestState, response: Any) -> Any:
     """Add the rate-limit headers of every decision taken for this request."""
-    state = state_for(request)
     if state.outcomes:
         headers.apply(response, state.outcomes, get_config()["HEADERS"])
     return response

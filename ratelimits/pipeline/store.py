@@ -84,6 +84,12 @@ def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -
     return redis.Redis(connection_pool=new_pool)
 
 
+def _clock() -> float:
+    from ratelimits.pipeline.state import process
+
+    return process.clock()
+
+
 def _version_key(prefix: str) -> str:
     return f"{prefix}version"
 
@@ -108,7 +114,7 @@ def get_engine() -> Any:
                         prefix=config["KEY_PREFIX"],
                         version_key=_version_key(config["KEY_PREFIX"]),
                         breaker=CircuitBreaker(
-                            config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"]
+                            config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"], _clock
                         ),
                     )
             engine = _engine

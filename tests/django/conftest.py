@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from ratelimits.conf import reset_config
-from ratelimits.pipeline.resolver import resolver
-from ratelimits.pipeline.store import reset_engines
+from ratelimits.pipeline.state import reset_state
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -20,18 +18,12 @@ def _cache_on_fixture_redis(redis_url):
         yield
 
 
-def _reset() -> None:
-    reset_config()
-    reset_engines()
-    resolver.reset()
-
-
 @pytest.fixture(autouse=True)
 def clean_state(redis_client):
     """A flushed Redis database and no engine, config or snapshot left from another test."""
-    _reset()
+    reset_state()
     yield redis_client
-    _reset()
+    reset_state()
 
 
 @pytest.fixture

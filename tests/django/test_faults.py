@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.test import override_settings
 
-from ratelimits.pipeline import evaluation
+from ratelimits.pipeline.state import process
 from tests.redis_server import RedisProcess
 
 #: Generous bounds for a loaded 2-core CI machine; the default timeouts are 0.1 s.
@@ -21,8 +21,25 @@ WORST_ALLOWED = 1.0
 COOLDOWN = 0.3
 
 
+class ManualClock:
+    """The breaker's clock, moved by the test: a cool-down ends when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def server(private_redis, settings):
+def clock(monkeypatch):
+    manual = ManualClock()
+    monkeypatch.setattr(process, "clock", manual)
+    return manual
+
+
+@pytest.fixture
+def server(private_redis, settings, clock):
     """Point the engine at a private server, with a short breaker cool-down."""
     settings.CACHES = {
         **settings.CACHES,
@@ -42,7 +59,9 @@ def timed(client, path: str, n: int) -> tuple[list[int], float]:
     return statuses, worst
 
 
-def until_enforced(client, path: str, admitted: int, deadline: float = 10.0) -> list[int]:
+def until_enforced(
+    client, path: str, admitted: int, clock: ManualClock, deadline: float = 10.0
+) -> list[int]:
     """Requests until Redis decides again: `admitted` passes, then a refusal.
 
     The breaker probes after its cool-down, so the first requests may still fall back.
@@ -54,6 +73,7 @@ def until_enforced(client, path: str, admitted: int, deadline: float = 10.0) -> 
         statuses.append(client.get(path).status_code)
         if statuses[-len(tail) :] == tail:
             return statuses
+        clock.now += COOLDOWN  # the cool-down ends: the next request probes
         time.sleep(0.05)
     pytest.fail(f"enforcement did not resume: {statuses}")
 
@@ -73,9 +93,9 @@ EXPECTED = {
 @pytest.mark.slow
 @pytest.mark.parametrize("on_error", ["allow", "deny", "local"])
 def test_killed_server_answers_per_on_error_then_resumes(
-    client, make_policy, server, on_error, caplog, monkeypatch
+    client, make_policy, server, on_error, caplog, monkeypatch, clock
 ):
-    monkeypatch.setattr(evaluation, "_last_unavailable_log", 0.0)
+    monkeypatch.setattr(process, "last_unavailable_log", 0.0)
     make_policy(name=f"killed-{on_error}", limit=3, path="/hello/", on_error=on_error)
     assert timed(client, "/hello/", 2)[0] == [200, 200]
 
@@ -94,13 +114,15 @@ def test_killed_server_answers_per_on_error_then_resumes(
     fresh = restart(server)
     try:
         # an empty server: new counters, no script (NOSCRIPT reload), no version key
-        until_enforced(client, "/hello/", admitted=3)
+        until_enforced(client, "/hello/", admitted=3, clock=clock)
     finally:
         fresh.stop()
 
 
 @pytest.mark.slow
-def test_paused_server_never_holds_a_request_past_the_timeout(client, make_policy, server):
+def test_paused_server_never_holds_a_request_past_the_timeout(
+    client, make_policy, server, clock
+):
     make_policy(name="paused", limit=3, path="/hello/", on_error="allow")
     assert timed(client, "/hello/", 1)[0] == [200]
     server.proc.send_signal(signal.SIGSTOP)  # accepts connections, never answers
@@ -115,7 +137,7 @@ def test_paused_server_never_holds_a_request_past_the_timeout(client, make_polic
         print(f"paused, breaker open: worst latency {fast_worst * 1000:.1f} ms")
     finally:
         server.proc.send_signal(signal.SIGCONT)
-    until_enforced(client, "/hello/", admitted=2)  # the paused server kept its count
+    until_enforced(client, "/hello/", admitted=2, clock=clock)  # the paused server kept its count
 
 
 @pytest.mark.slow
@@ -173,7 +195,7 @@ def test_local_fallback_takes_this_instances_share(client, make_policy, settings
 
 def test_local_share_never_drops_below_one_request():
     from ratelimits.engine import Limit
-    from ratelimits.pipeline.evaluation import local_share
+    from ratelimits.pipeline.fallback import local_share
 
     assert local_share(Limit("c", "fixed_window", 100, 1), 2).limit == 50
     assert local_share(Limit("c", "gcra", 100, 1, burst=10), 3).burst == 4

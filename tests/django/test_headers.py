@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ratelimits.engine.types import Limit, Result
-from ratelimits.pipeline.evaluation import Outcome
 from ratelimits.pipeline.headers import closest, rate_headers
 from ratelimits.pipeline.resolver import CompiledPolicy
+from ratelimits.pipeline.verdict import Outcome
 
 
 def outcome(
@@ -60,3 +62,48 @@ def test_concurrency_has_no_window():
 def test_policy_names_are_quoted_as_structured_field_strings():
     headers = rate_headers(outcome('we"ird\\'), "ietf")
     assert headers["RateLimit-Policy"].startswith('"we\\"ird\\\\"')
+
+
+# -- RateLimit-Policy means what draft-ietf-httpapi-ratelimit-headers means ----------------
+
+POLICY_HEADERS = [
+    # algorithm, burst, RateLimit-Policy: q is the limit per w = period, never the burst
+    ("fixed_window", None, '"p";q=10;w=60'),
+    ("sliding_window", None, '"p";q=10;w=60'),
+    ("sliding_log", None, '"p";q=10;w=60'),
+    ("token_bucket", 5, '"p";q=10;w=60'),
+    ("token_bucket", 20, '"p";q=10;w=60'),
+    ("gcra", 5, '"p";q=10;w=60'),
+    ("leaky_bucket", 3, '"p";q=10;w=60'),
+    ("concurrency", None, '"p";q=10'),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("algorithm", "burst", "expected"), POLICY_HEADERS)
+def test_each_algorithms_policy_header_and_its_live_state(
+    client, make_policy, algorithm, burst, expected
+):
+    make_policy(name="p", algorithm=algorithm, limit=10, period=60, burst=burst, path="/hello/")
+    response = client.get("/hello/")
+    assert response.status_code == 200
+    assert response["RateLimit-Policy"] == expected
+    r, t = _ratelimit(response["RateLimit"])
+    # r: units left now (for a bucket, up to its burst); t: seconds until fully reset
+    expected_r = {
+        "token_bucket": (burst or 10) - 1,
+        "gcra": (burst or 10) - 1,
+        "leaky_bucket": 3,  # the queue: 3 more may wait behind this one
+    }.get(algorithm, 9)
+    assert r == expected_r
+    if algorithm == "concurrency":
+        assert t == 60  # a slot's time to live
+    elif algorithm in ("fixed_window", "sliding_window"):
+        assert 0 < t <= 120
+    else:
+        assert t == {"sliding_log": 60, "token_bucket": 6, "gcra": 6, "leaky_bucket": 6}[algorithm]
+
+
+def _ratelimit(value: str) -> tuple[int, int]:
+    params = dict(part.split("=") for part in value.split(";")[1:])
+    return int(params["r"]), int(params["t"])

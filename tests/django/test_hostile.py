@@ -95,12 +95,18 @@ def as_served(client, variant: str):
     return client.get("/", PATH_INFO=unquote(variant))
 
 
+#: APPEND_SLASH answers these with a redirect to /login/ (that request is charged), so
+#: they cost nothing and reach no view.
+REDIRECTED = {"/login"}
+
+
 def test_every_spelling_of_a_path_counts_against_one_policy(client, make_policy):
-    make_policy(name="login", limit=len(VARIANTS), path="/login/")
+    make_policy(name="login", limit=len(VARIANTS) - len(REDIRECTED), path="/login/")
     got = {variant: as_served(client, variant).status_code for variant in VARIANTS}
     assert 429 not in got.values() and 500 not in got.values(), got
     for variant in VARIANTS:
-        assert as_served(client, variant).status_code == 429, variant
+        expected = 301 if variant in REDIRECTED else 429
+        assert as_served(client, variant).status_code == expected, variant
 
 
 def hashed(kind: str, value: str) -> str:

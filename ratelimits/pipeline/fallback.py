@@ -1,0 +1,72 @@
+"""The store is out of reach: each policy decides per its `on_error`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ratelimits.engine.types import Limit
+from ratelimits.pipeline.report import log_unavailable
+from ratelimits.pipeline.store import get_local_engine
+from ratelimits.pipeline.verdict import (
+    ADMITTED,
+    UNAVAILABLE,
+    UNAVAILABLE_RETRY_AFTER,
+    Outcome,
+    Verdict,
+    judge,
+)
+from ratelimits.pipeline.watchdog import hold
+
+
+def fallback(
+    request: Any,
+    state: Any,
+    planned: Sequence[Any],
+    failed: Sequence[Any],
+    exc: Exception,
+    sender: type,
+    config: Mapping[str, Any],
+) -> Verdict:
+    """`deny` refuses with a 503, `local` decides in process, `allow` admits.
+
+    Shadow policies never refuse, whatever their `on_error`.
+    """
+    log_unavailable(exc, config)
+    if any(p.policy.on_error == "deny" and not p.policy.shadow for p in planned) or any(
+        p.on_error == "deny" and not p.shadow for p in failed
+    ):
+        outcomes = tuple(Outcome(p.policy, p.identity) for p in planned)
+        return Verdict(UNAVAILABLE, outcomes, own_retry_after=UNAVAILABLE_RETRY_AFTER)
+    local = [p for p in planned if p.policy.on_error == "local"]
+    undecided = tuple(
+        Outcome(p.policy, p.identity) for p in planned if p.policy.on_error != "local"
+    )
+    if not local:
+        state.outcomes.extend(undecided)
+        return Verdict(ADMITTED, undecided)
+    engine = get_local_engine()
+    instances = config["INSTANCES"]
+    decision = engine.evaluate([local_share(p.limit, instances) for p in local])
+    if decision.token is not None:
+        hold(state, engine, decision)
+    return judge(request, state, local, decision, (), sender, config, prior=undecided)
+
+
+def local_share(limit: Limit, instances: int) -> Limit:
+    """This instance's part of a shared limit while each instance decides alone.
+
+    Two instances sharing 100 per second take 50 per second each; a share never drops
+    below one request's cost, so a policy keeps admitting something.
+    """
+    if instances <= 1:
+        return limit
+    share = max(limit.cost, math.ceil(limit.limit / instances))
+    burst = limit.burst
+    if burst is not None:
+        burst = max(
+            limit.cost if limit.algorithm != "leaky_bucket" else 0, math.ceil(burst / instances)
+        )
+    return dataclasses.replace(limit, limit=share, burst=burst)

@@ -1,0 +1,108 @@
+"""The request path's log lines and signals: rejections, would-be rejections, failures."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ratelimits import signals
+from ratelimits.pipeline.state import http_request, process
+
+logger = logging.getLogger("ratelimits")
+
+
+#: Longest client-controlled value a log line shows (paths, methods, error texts).
+MAX_LOGGED = 200
+
+
+def log_safe(value: Any, limit: int = MAX_LOGGED) -> str:
+    """A client-controlled value made safe for one log line.
+
+    CR, LF and every other non-printable character are escaped (`\\r\\n`), so a
+    request cannot end our line and forge another; long values are cut with "…".
+    """
+    text = value if isinstance(value, str) else str(value)
+    head = text[: limit + 1]
+    if not head.isprintable():
+        head = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in head)
+    if len(head) > limit:
+        return head[: limit - 1] + "…"
+    return head
+
+
+def path_of(request: Any) -> str:
+    try:
+        return log_safe(http_request(request).path)
+    except Exception:
+        return "?"
+
+
+def method_of(request: Any) -> str:
+    try:
+        return log_safe(http_request(request).method, 20)
+    except Exception:
+        return "?"
+
+
+def report(request: Any, outcome: Any, sender: type) -> None:
+    """One log record and one signal for a rejection or a would-be rejection."""
+    from ratelimits.pipeline.identity import display_identity
+
+    policy, result = outcome.policy, outcome.result
+    path = path_of(request)
+    shown = display_identity(outcome.identity)
+    kwargs = {
+        "request": http_request(request),
+        "policy": policy.name,
+        "key": policy.key_kind,
+        "identity": shown,
+        "retry_after": result.retry_after,
+        "path": path,
+    }
+    extra = {f"ratelimits_{k}": v for k, v in kwargs.items() if k != "request"}
+    if policy.shadow:
+        level, what, signal = logging.WARNING, "shadow policy %s would reject", (
+            signals.request_would_be_limited
+        )
+    else:
+        level, what, signal = logging.INFO, "policy %s rejected", signals.request_limited
+    logger.log(
+        level,
+        f"ratelimits: {what} %s %s (key %s, client %s, retry after %.1fs)",
+        policy.name,
+        method_of(request),
+        path,
+        policy.key_kind,
+        shown,
+        result.retry_after,
+        extra=extra,
+    )
+    signal.send(sender=sender, **kwargs)
+
+
+def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:
+    logger.error(
+        "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s",
+        policy.name,
+        path_of(request),
+        log_safe(exc),
+        policy.on_error,
+    )
+
+
+def log_unexpected(request: Any) -> None:
+    logger.exception("ratelimits: unexpected error while evaluating %s", path_of(request))
+
+
+def log_unavailable(exc: Exception, config: Mapping[str, Any]) -> None:
+    """Once per breaker cool-down: an outage is news, each request during it is not."""
+    now = process.clock()
+    last = process.last_unavailable_log
+    if last == 0.0 or now - last >= config["BREAKER_COOLDOWN"]:
+        process.last_unavailable_log = now
+        logger.error(
+            "ratelimits: the rate-limit store is unavailable (%s); "
+            "policies fall back to their on_error",
+            exc,
+        )

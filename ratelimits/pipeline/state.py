@@ -1,0 +1,83 @@
+"""State: one request's bookkeeping, and the process-wide state with its one reset.
+
+Per request, a `RequestState` rides on the underlying `HttpRequest` (a DRF `Request`
+wraps the same one), so the middleware and the throttle share it; each layer looks it up
+once and passes it on.
+
+Process-wide, the request path keeps: the validated settings (`conf`), the engines and
+their circuit breaker (`store`), the compiled policy snapshot (`resolver`), the metrics
+recorder decision, the engine's key cache, the last "store unavailable" log time, the
+concurrency watchdog and the waiting room. `reset_state()` forgets all of them at once;
+tests call it between cases, and settings changes call the relevant parts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+STATE_ATTR = "_ratelimits_state"
+
+
+@dataclass
+class RequestState:
+    """Per-request bookkeeping, stored on the underlying HttpRequest."""
+
+    charged: set[int] = field(default_factory=set)  # policy ids already decided
+    outcomes: list[Any] = field(default_factory=list)  # evaluation.Outcome, for headers
+    holds: list[tuple[Any, Any]] = field(default_factory=list)  # (engine, Decision) with slots
+    path: str | None = None
+    exempt: bool | None = None
+    version_seen: bool = False
+    middleware: bool = False
+
+
+def http_request(request: Any) -> Any:
+    """The Django HttpRequest under a DRF Request (or the request itself)."""
+    return getattr(request, "_request", request)
+
+
+def state_for(request: Any) -> RequestState:
+    """This request's state, created on first use."""
+    base = getattr(request, "_request", request)
+    state = getattr(base, STATE_ATTR, None)
+    if state is None:
+        state = RequestState()
+        setattr(base, STATE_ATTR, state)
+    return state  # type: ignore[no-any-return]
+
+
+@dataclass
+class ProcessState:
+    """Small process-wide values of the request path that belong to no other module."""
+
+    #: The clock of the circuit breaker and of the unavailable-log interval; tests that
+    #: need an outage to last exactly as long as they say replace it.
+    clock: Callable[[], float] = time.monotonic
+    #: `clock()` at the last "store unavailable" log line (0: never).
+    last_unavailable_log: float = 0.0
+
+
+process = ProcessState()
+
+
+def reset_state() -> None:
+    """Forget every piece of process-wide state the request path keeps."""
+    from ratelimits.conf import reset_config
+    from ratelimits.engine import keys
+    from ratelimits.ops import metrics
+    from ratelimits.pipeline import store
+    from ratelimits.pipeline.resolver import resolver
+    from ratelimits.pipeline.waiting import room
+    from ratelimits.pipeline.watchdog import watchdog
+
+    reset_config()
+    store.reset_engines()  # the engines and the breakers they carry
+    resolver.reset()
+    watchdog.stop()
+    room.reset()
+    metrics._state = (None, None)
+    keys._base_key.cache_clear()
+    process.last_unavailable_log = 0.0

@@ -1,0 +1,54 @@
+"""The waiting room: how many admitted leaky-bucket requests may sleep at once.
+
+A delayed request holds a worker while it waits. Unbounded, a few clients filling their
+queues tie up every sync worker: victims wait behind them and the attackers' own 429s
+queue too. So a process lets at most `MAX_WAITING` requests wait at once, and at most
+`MAX_WAITING_PER_CLIENT` of one client; a request that finds no room is refused at once
+with a 429 instead of waiting. The counts are kept under a lock that is never held while
+anyone sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class WaitingRoom:
+    """Counts the requests waiting in this process, in total and per client."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = 0
+        self._by_client: dict[tuple[str, ...], int] = {}
+
+    def enter(self, client: tuple[str, ...], most: int, most_per_client: int) -> bool:
+        """Take a place for `client`; False (and nothing taken) when none is left."""
+        with self._lock:
+            mine = self._by_client.get(client, 0)
+            if self._total >= most or mine >= most_per_client:
+                return False
+            self._total += 1
+            self._by_client[client] = mine + 1
+            return True
+
+    def leave(self, client: tuple[str, ...]) -> None:
+        with self._lock:
+            self._total -= 1
+            left = self._by_client[client] - 1
+            if left:
+                self._by_client[client] = left
+            else:
+                del self._by_client[client]
+
+    def waiting(self) -> int:
+        """How many requests are waiting now."""
+        with self._lock:
+            return self._total
+
+    def reset(self) -> None:
+        with self._lock:
+            self._total = 0
+            self._by_client.clear()
+
+
+room = WaitingRoom()

@@ -1,0 +1,125 @@
+"""The concurrency watchdog: a slot lives as long as its request, not just `period`.
+
+A `concurrency` slot is stored with an expiry of `period` so that a crashed worker's
+slots come back by themselves. A request that runs longer than `period` must not lose
+its slot meanwhile (that let 4 five-second requests run under a limit of 2 with a period
+of 2). So, per process, one daemon thread renews the slots of every request in flight,
+every third of the shortest period among them, in one engine call per engine, and stops
+renewing a request's slots when it releases them. The thread starts with the first slot
+held: a process without concurrency policies never has one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+logger = logging.getLogger("ratelimits")
+
+
+def _period(decision: Any) -> float:
+    return min(
+        (r.limit.period for r in decision.results if r.limit.algorithm == "concurrency"),
+        default=60.0,
+    )
+
+
+class Watchdog:
+    """Renews the concurrency slots of in-flight requests until they are released."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held: dict[int, tuple[Any, Any]] = {}  # id(decision) -> (engine, decision)
+        self._interval = 0.0  # how long the thread is waiting now (0: idle or none)
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._generation = 0
+        self._failing = False
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def in_flight(self) -> int:
+        """How many held decisions are being renewed."""
+        with self._cond:
+            return len(self._held)
+
+    def hold(self, engine: Any, decision: Any) -> None:
+        """Renew `decision`'s slots until `drop()`."""
+        if not hasattr(engine, "renew"):
+            return
+        interval = _period(decision) / 3
+        with self._cond:
+            self._held[id(decision)] = (engine, decision)
+            if self._thread is None or self._pid != os.getpid():  # none yet, or forked
+                self._start()
+            elif self._interval == 0.0 or interval < self._interval:
+                self._cond.notify()  # idle, or waiting longer than this slot allows
+
+    def drop(self, decision: Any) -> None:
+        """Stop renewing `decision`'s slots (the request released them)."""
+        with self._cond:
+            self._held.pop(id(decision), None)
+
+    def stop(self) -> None:
+        """Forget every held decision and end the thread (tests, settings changes)."""
+        with self._cond:
+            self._held.clear()
+            self._generation += 1
+            self._thread = None
+            self._interval = 0.0
+            self._failing = False
+            self._cond.notify_all()
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._generation += 1
+        self._thread = threading.Thread(
+            target=self._run, args=(self._generation,), name="ratelimits-watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, generation: int) -> None:
+        while True:
+            with self._cond:
+                while not self._held and self._generation == generation:
+                    self._interval = 0.0
+                    self._cond.wait()
+                if self._generation != generation:
+                    return
+                self._interval = min(_period(d) for _, d in self._held.values()) / 3
+                self._cond.wait(self._interval)
+                if self._generation != generation:
+                    return
+                by_engine: dict[int, tuple[Any, list[Any]]] = {}
+                for engine, decision in self._held.values():
+                    by_engine.setdefault(id(engine), (engine, []))[1].append(decision)
+            # outside the lock: requests hold and drop while the store answers
+            for engine, decisions in by_engine.values():
+                self._renew(engine, decisions)
+
+    def _renew(self, engine: Any, decisions: list[Any]) -> None:
+        try:
+            engine.renew(decisions)
+        except Exception as exc:  # never a request's problem: its slot may expire early
+            if not self._failing:
+                self._failing = True
+                logger.error(
+                    "ratelimits: could not renew concurrency slots (%s); they expire after "
+                    "their period until renewing works again (logged once)",
+                    exc,
+                )
+        else:
+            self._failing = False
+
+
+watchdog = Watchdog()
+
+
+def hold(state: Any, engine: Any, decision: Any) -> None:
+    """A request holds concurrency slots: keep them until it releases them."""
+    state.holds.append((engine, decision))
+    watchdog.hold(engine, decision)
