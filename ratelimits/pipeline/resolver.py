@@ -25,6 +25,9 @@ _set = object.__setattr__
 
 #: After a failed rebuild, wait this long before querying the database again.
 RETRY_AFTER_FAILURE = 1.0
+#: A request that notices a new version while another thread rebuilds waits this long for
+#: the new snapshot, then goes on with the last one: a slow database holds no one for long.
+WAIT_FOR_RELOAD = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +135,11 @@ def load_snapshot(version: int | None) -> Snapshot:
 
 
 class Resolver:
-    """Holds the current snapshot and rebuilds it at most once at a time."""
+    """Holds the current snapshot and rebuilds it at most once at a time.
+
+    Requests that notice a new version while a rebuild runs wait for it (briefly), so the
+    new policies apply to them too.
+    """
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
@@ -172,11 +179,13 @@ class Resolver:
         current = self._snapshot
         if current is not None and time.monotonic() < self._retry_at:
             return current
-        if not self._lock.acquire(blocking=wait):
+        if not self._lock.acquire(timeout=-1 if wait else WAIT_FOR_RELOAD):
             return current if current is not None else Snapshot(version=None)
         try:
             if self._snapshot is not current:  # another thread rebuilt meanwhile
                 return self._snapshot  # type: ignore[return-value]
+            if current is not None and time.monotonic() < self._retry_at:
+                return current  # ... and failed: retry later, not once per waiting thread
             try:
                 self._stale = False
                 new = load_snapshot(version)
