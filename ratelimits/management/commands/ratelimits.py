@@ -3,7 +3,8 @@
 manage.py ratelimits status [--json]
 manage.py ratelimits reset <policy> --key <identity>
 manage.py ratelimits replay <access-log> [--format auto|combined|json] [--top N]
-                            [--policy NAME ...] [--skip-bad] [--progress] [--json]
+                            [--policy NAME ...] [--skip-bad] [--progress] [--jobs N]
+                            [--json]
 """
 
 from __future__ import annotations
@@ -127,6 +128,14 @@ class Command(BaseCommand):
             "--progress",
             action="store_true",
             help="Show progress on stderr even when it is not a terminal.",
+        )
+        replay.add_argument(
+            "--jobs",
+            type=int,
+            metavar="N",
+            help="Processes to split a large log file by client across (default: one per "
+            "CPU, at most 4; one for a small file, standard input, or policies with a "
+            "global, query or mixed key).",
         )
         replay.add_argument("--json", action="store_true", help="Print JSON instead of text.")
 
@@ -283,6 +292,7 @@ class Command(BaseCommand):
         policy: list[str],
         skip_bad: bool,
         progress: bool,
+        jobs: int | None,
         json: bool,
         **_: Any,
     ) -> None:
@@ -291,8 +301,10 @@ class Command(BaseCommand):
 
         if top < 0:
             raise CommandError("--top must be 0 or more")
+        if jobs is not None and jobs < 1:
+            raise CommandError("--jobs must be 1 or more")
         compiled, invalid = self._replay_policies(policy)
-        bar = _Progress(self.stderr) if progress or sys.stderr.isatty() else None
+        bar = _progress_bar(self.stderr) if progress or sys.stderr.isatty() else None
         try:
             report = replay_file(
                 log,
@@ -302,6 +314,7 @@ class Command(BaseCommand):
                 skip_bad=skip_bad,
                 top=top,
                 progress=bar,
+                jobs=jobs,
             )
         except LogError as exc:
             raise CommandError(str(exc)) from None
@@ -309,7 +322,7 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read {log}: {exc.strerror or exc}") from None
         finally:
             if bar is not None:
-                bar.done()
+                bar.close()
         if invalid:
             report = dataclasses.replace(
                 report, skipped_policies=report.skipped_policies + tuple(invalid)
@@ -437,25 +450,18 @@ def _replay_text(report: Any, top: int) -> str:
     return "\n".join(out)
 
 
-class _Progress:
-    """`replay: 42% (12.3 of 29.0 MB)` on one terminal line, redrawn when it changes."""
+def _progress_bar(stream: Any) -> Any:
+    """A tqdm bar over the bytes of the log (its rate and the time left), on `stream`;
+    called as `bar(bytes_read, size)`."""
+    from tqdm import tqdm
 
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.shown = ""
+    class Bar(tqdm):  # type: ignore[misc]
+        def __call__(self, done: int, total: int | None) -> None:
+            if total is not None and self.total != total:
+                self.total = total
+            self.update(done - self.n)
 
-    def __call__(self, done: int, total: int | None) -> None:
-        mb = done / 1e6
-        if total:
-            percent = min(100, 100 * done // total)
-            text = f"replay: {percent:3d}% ({mb:,.1f} of {total / 1e6:,.1f} MB)"
-        else:
-            text = f"replay: {mb:,.1f} MB"
-        if text != self.shown:
-            self.stream.write("\r" + text, ending="")
-            self.stream.flush()
-            self.shown = text
-
-    def done(self) -> None:
-        if self.shown:
-            self.stream.write("")
+    # The command's stderr wrapper ends every write with a newline; tqdm redraws one line.
+    out = getattr(stream, "_out", stream)
+    return Bar(desc="replay", total=None, unit="B", unit_scale=True, file=out,
+               dynamic_ncols=True, leave=True, mininterval=0.2)
