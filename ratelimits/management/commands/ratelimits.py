@@ -245,11 +245,11 @@ class Command(BaseCommand):
     # -- reset ----------------------------------------------------------------------------
 
     def _reset(self, *, policy: str, key: str | None = None, **_: Any) -> None:
-        from ratelimits.conf import get_config
+        from ratelimits.ops.reset import reset_client
         from ratelimits.pipeline import store
 
         row = _policy_named(policy)
-        compiled = _compile(row)
+        _compile(row)
         if not store.is_shared():
             raise CommandError(
                 "the limits are counted inside each server process (RATELIMITS['CACHE'] is "
@@ -261,8 +261,10 @@ class Command(BaseCommand):
                 f"reset needs --key <identity>: ratelimits never scans Redis for all the "
                 f"clients of a policy. {self._recent(row.name)}"
             )
-        identity = _identity(compiled.key_spec.kind, key, get_config()["IPV6_PREFIX"])
-        store.get_engine().reset(compiled.limit_for(identity))
+        try:
+            identity = reset_client(row, key)
+        except ValueError as exc:
+            raise CommandError(f"--key {key!r}: {exc}") from exc
         self.stdout.write(
             f"Reset {identity} under policy {row.name} ({row.human_rate()}, "
             f"{row.algorithm}): its next request starts afresh."
@@ -353,16 +355,6 @@ class Command(BaseCommand):
             compiled.append(c)
         compiled.sort(key=lambda p: (-p.priority, -p.pattern.specificity, p.name))
         return compiled, invalid
-
-
-def _identity(kind: str, value: str, ipv6_prefix: int) -> str:
-    """The identity the middleware would have built for `value` under a `kind` key."""
-    from ratelimits.pipeline.identity import identity_from_text
-
-    try:
-        return identity_from_text(kind, value, ipv6_prefix)
-    except ValueError as exc:
-        raise CommandError(f"--key: {exc}") from exc
 
 
 def _dumps(data: Any) -> str:
