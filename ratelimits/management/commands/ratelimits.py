@@ -134,8 +134,8 @@ class Command(BaseCommand):
             type=int,
             metavar="N",
             help="Processes to split a large log file by client across (default: one per "
-            "CPU, at most 4; one for a small file, standard input, or policies with a "
-            "global, query or mixed key).",
+            "idle CPU, at most 4; one for a small file, standard input, or policies with "
+            "a global, query or mixed key).",
         )
         replay.add_argument("--json", action="store_true", help="Print JSON instead of text.")
 

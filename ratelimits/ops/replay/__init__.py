@@ -68,22 +68,30 @@ def replay_lines(
     )
 
 
-def _cpus() -> int:
+def idle_cpus() -> int:
+    """The CPUs this process may use, less the load of the last minute (at least 1): a
+    split only pays when its processes get a CPU each; on a busy machine they would take
+    turns, and every process reads the whole log."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average here
+        busy = 0.0
+    return max(1, min(cpus, round(cpus - busy + 0.5)))
 
 
 def jobs_for(path: str, policies: Sequence[CompiledPolicy], jobs: int | None = None) -> int:
     """How many processes replay `path`: 1 for stdin, a small file, policies that cannot
     be split by client, or where processes cannot be forked; else `jobs` (default: the
-    CPUs this process may use, at most `MAX_JOBS`)."""
+    idle CPUs, at most `MAX_JOBS`)."""
     import multiprocessing
 
     if jobs is not None and jobs < 1:
         raise ValueError("jobs must be 1 or more")
-    wanted = min(_cpus(), MAX_JOBS) if jobs is None else jobs
+    wanted = min(idle_cpus(), MAX_JOBS) if jobs is None else jobs
     if wanted == 1 or path == "-" or split_kind(policies) is None:
         return 1
     if "fork" not in multiprocessing.get_all_start_methods():
