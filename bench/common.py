@@ -1,16 +1,23 @@
-"""Shared pieces of the benchmarks: timing, medians, Markdown tables, the machine, peers.
+"""Shared pieces of the benchmarks: their Redis, timing, medians, Markdown tables, the machine.
 
 Every section measures in rounds: one round runs each case once, and the figure reported
 is the median over the rounds. Cases of one table are interleaved that way, so a noisy
 neighbour on a shared machine slows every row of a round, and the ratios between rows
 (what the targets are about) hold even when the absolute figures drift.
 
-Redis databases: 15 for our engine and raw scripts, 14 for Django caches (django-redis)
-and the `limits` storage. Both are flushed freely; database 0 is never touched.
+Redis: the benches never touch a Redis they did not start. The first section that needs
+one starts a private `redis-server` (the machine's binary, a free loopback port, no
+persistence) and every section of the run uses it; it is stopped when the run ends. On
+it, database 15 holds our engine and raw scripts, database 14 the Django caches
+(django-redis) and the `limits` storage; both are flushed freely, since the server holds
+nothing else. `REDIS_PORT`, `OURS_URL` and `PEERS_URL` start it when first read.
+
+The peers' adapters (DRF, django-ratelimit, ...) live in `bench/peers.py`.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.metadata
 import os
 import platform
@@ -28,11 +35,49 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 REDIS_HOST = "127.0.0.1"
-REDIS_PORT = 6379
 OURS_DB = 15
 PEERS_DB = 14
-OURS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{OURS_DB}"
-PEERS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{PEERS_DB}"
+
+_server: Any = None  # the private redis-server of this run (tests/redis_server.py)
+
+
+#: Set by the process that started the server, for the processes a section spawns.
+PORT_VARIABLE = "RATELIMITS_BENCH_REDIS_PORT"
+
+
+class _Started:
+    """The server a parent process started (a spawned worker only connects to it)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+
+def redis_server() -> Any:
+    """The run's private redis-server, started on first use and stopped at exit."""
+    global _server
+    if _server is None:
+        inherited = os.environ.get(PORT_VARIABLE)
+        if inherited:
+            _server = _Started(int(inherited))
+        else:
+            from tests.redis_server import RedisProcess
+
+            _server = RedisProcess().start()
+            atexit.register(_server.stop)
+            os.environ[PORT_VARIABLE] = str(_server.port)
+    return _server
+
+
+def __getattr__(name: str) -> Any:
+    # The port and URLs exist once the private server runs: start it when first read.
+    if name == "REDIS_PORT":
+        return redis_server().port
+    if name == "OURS_URL":
+        return f"redis://{REDIS_HOST}:{redis_server().port}/{OURS_DB}"
+    if name == "PEERS_URL":
+        return f"redis://{REDIS_HOST}:{redis_server().port}/{PEERS_DB}"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 PEER_PACKAGES = (
     "django-ratelimits",
@@ -50,14 +95,16 @@ PEER_PACKAGES = (
 
 
 def redis_client(db: int) -> Any:
+    """A client of the run's private server (never the machine's own Redis)."""
     import redis
 
-    return redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
+    return redis.Redis(host=REDIS_HOST, port=redis_server().port, db=db)
 
 
 def flush(*dbs: int) -> None:
+    """Empty databases of the private server; only the two the benches use."""
     for db in dbs:
-        if db not in (OURS_DB, PEERS_DB):  # never anything else, above all not db 0
+        if db not in (OURS_DB, PEERS_DB):
             raise ValueError(f"refusing to flush Redis database {db}")
         redis_client(db).flushdb()
 
@@ -194,7 +241,9 @@ def machine() -> list[tuple[str, str]]:
     ]
     try:
         info = redis_client(OURS_DB).info("server")
-        rows.append(("Redis server", f"{info['redis_version']} (local, TCP 127.0.0.1)"))
+        rows.append(
+            ("Redis server", f"{info['redis_version']} (a private redis-server, TCP loopback)")
+        )
     except Exception as exc:  # pragma: no cover - reported, not fatal
         rows.append(("Redis server", f"unreachable: {exc}"))
     try:
@@ -208,203 +257,3 @@ def machine() -> list[tuple[str, str]]:
         except importlib.metadata.PackageNotFoundError:
             rows.append((package, "not installed"))
     return rows
-
-
-# -- Django, configured in process for the peers ---------------------------------------
-
-
-def configure_django() -> None:
-    """Settings for the peers measured in process: every cache on Redis db 14."""
-    import django
-    from django.conf import settings
-
-    if settings.configured:
-        return
-    settings.configure(
-        DEBUG=False,
-        SECRET_KEY="bench-only",
-        ALLOWED_HOSTS=["*"],
-        INSTALLED_APPS=[
-            "django.contrib.contenttypes",
-            "django.contrib.auth",
-            "rest_framework",
-        ],
-        CACHES={
-            "default": {
-                "BACKEND": "django_redis.cache.RedisCache",
-                "LOCATION": PEERS_URL,
-                "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-            }
-        },
-        DATABASES={},
-        USE_TZ=True,
-        # django-smart-ratelimit: its own Redis connection, same database as the cache.
-        RATELIMIT_BACKEND="redis",
-        RATELIMIT_REDIS={"host": REDIS_HOST, "port": REDIS_PORT, "db": PEERS_DB},
-        RATELIMIT_FAIL_OPEN=False,
-        # django-trafficwatch: key on the client IP (no auth middleware here).
-        TRAFFICWATCH={
-            "KEY_FUNC": "django_trafficwatch.keys.client_ip",
-            "RECENT_VIOLATIONS": 0,
-        },
-        LOGGING_CONFIG=None,
-    )
-    django.setup()
-    import logging
-
-    # Peers log every refusal at WARNING; exactness runs refuse thousands of requests.
-    for name in ("django_trafficwatch", "django_smart_ratelimit", "django_ratelimit"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def fake_request(ip: str = "203.0.113.7") -> Any:
-    from django.test import RequestFactory
-
-    return RequestFactory().get("/bench/", REMOTE_ADDR=ip)
-
-
-# -- peers: one adapter each, `fn(ident) -> allowed` -----------------------------------
-
-
-class FakeClock:
-    """A clock that moves `step` seconds per reading (DRF steady state, see drf_throttle)."""
-
-    def __init__(self, step: float) -> None:
-        self.now = time.time()
-        self.step = step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-
-def drf_throttle(rate: str, scope: str = "bench", clock: Callable[[], float] | None = None):
-    """DRF's SimpleRateThrottle (the base of Anon/UserRateThrottle) at `rate`, keyed on IP.
-
-    A new throttle per call, as DRF builds one per request.
-    """
-    from rest_framework.throttling import SimpleRateThrottle
-
-    attrs: dict[str, Any] = {
-        "rate": rate,
-        "scope": scope,
-        "get_cache_key": lambda self, request, view: self.cache_format
-        % {"scope": self.scope, "ident": request.META["REMOTE_ADDR"]},
-    }
-    if clock is not None:
-        attrs["timer"] = staticmethod(clock)
-    throttle = type("BenchThrottle", (SimpleRateThrottle,), attrs)
-    request = fake_request()
-
-    def allow(ident: str) -> bool:
-        request.META["REMOTE_ADDR"] = ident
-        return bool(throttle().allow_request(request, None))
-
-    return allow, throttle
-
-
-def drf_prefill(throttle: type, ident: str, clock: FakeClock) -> None:
-    """Fill one client's history to num_requests - 1 entries, spaced by the clock's step.
-
-    With the clock advancing duration/num_requests (plus a hair) per call, every later
-    call pops exactly one expired entry and pushes one: the steady state of a client that
-    sends exactly its rate, with a full history list, every request admitted.
-    """
-    from django.core.cache import cache
-
-    t = throttle()
-    now = clock.now
-    history = [now - k * clock.step for k in range(1, t.num_requests)]
-    cache.set(t.cache_format % {"scope": t.scope, "ident": ident}, history, t.duration)
-
-
-def django_ratelimit_check(rate: str, group: str = "bench"):
-    from django_ratelimit.core import is_ratelimited
-
-    request = fake_request()
-
-    def allow(ident: str) -> bool:
-        request.META["REMOTE_ADDR"] = ident
-        return not is_ratelimited(request, group=group, key="ip", rate=rate, increment=True)
-
-    return allow
-
-
-_smart_backend: Any = None
-
-
-def smart_ratelimit_check(limit: int, period: int, prefix: str = "bench"):
-    """django-smart-ratelimit's decorator core: `check_rate_limit(ctx, backend)`."""
-    global _smart_backend
-    from django_smart_ratelimit.context import RateLimitContext
-    from django_smart_ratelimit.decorator import check_rate_limit
-
-    if _smart_backend is None:
-        from django_smart_ratelimit.backends import get_backend
-
-        _smart_backend = get_backend("redis")
-    backend = _smart_backend
-    request = fake_request()
-
-    def allow(ident: str) -> bool:
-        ctx = RateLimitContext(
-            request=request, key=f"{prefix}:ip:{ident}", limit=limit, period=period,
-            backend_name="redis",
-        )
-        return bool(check_rate_limit(ctx, backend).allowed)
-
-    return allow
-
-
-def trafficwatch_check(limit: int, window: int, backend: str = "fixed", name: str = "bench"):
-    """django-trafficwatch's core: `TrafficWatch(backend).check(request, rules)`."""
-    from django.utils.module_loading import import_string
-    from django_trafficwatch.conf import BUILTIN_BACKENDS
-    from django_trafficwatch.core import TrafficWatch
-    from django_trafficwatch.rules import Rule
-
-    watch = TrafficWatch(import_string(BUILTIN_BACKENDS[backend])("default", "tw"))
-    rules = (Rule(name=name, window=window, limit=limit),)
-    request = fake_request()
-
-    def allow(ident: str) -> bool:
-        request.META["REMOTE_ADDR"] = ident
-        return not watch.check(request, rules).blocked
-
-    return allow
-
-
-_limits_storage: Any = None
-
-
-def limits_strategy(strategy: str):
-    global _limits_storage
-    from limits import strategies
-    from limits.storage import RedisStorage
-
-    if _limits_storage is None:
-        _limits_storage = RedisStorage(PEERS_URL)
-    return getattr(strategies, strategy)(_limits_storage)
-
-
-def limits_hits(strategy: str, rates: Sequence[str]):
-    """`limits`: one `hit` per rate (three rates: three round trips)."""
-    from limits import parse
-
-    limiter = limits_strategy(strategy)
-    items = [parse(r) for r in rates]
-
-    def allow(ident: str) -> bool:
-        ok = True
-        for i, item in enumerate(items):
-            ok = limiter.hit(item, f"{strategy}{i}", ident) and ok
-        return ok
-
-    return allow
-
-
-LIMITS_STRATEGIES = (
-    "FixedWindowRateLimiter",
-    "MovingWindowRateLimiter",
-    "SlidingWindowCounterRateLimiter",
-)

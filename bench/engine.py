@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
+from bench import common, peers
 from bench.common import Check, Section, fmt_rate, median, spread, table
 
 BIG = 10**9
@@ -49,7 +49,7 @@ def _ours_cases(engine, algorithms, idents):
 
 
 def _peer_cases(idents):
-    common.configure_django()
+    peers.configure_django()
     cases = {}
     rng = random.Random(2)
 
@@ -57,30 +57,30 @@ def _peer_cases(idents):
         cases[("peer", label, n, "hot")] = lambda: allow("203.0.113.7")
         cases[("peer", label, n, "random")] = lambda: allow(rng.choice(idents))
 
-    for strategy in common.LIMITS_STRATEGIES:
+    for strategy in peers.LIMITS_STRATEGIES:
         short = strategy.replace("RateLimiter", "")
-        both(f"limits {short}", 1, common.limits_hits(strategy, ["1000000000/minute"]))
-        both(f"limits {short}", 3, common.limits_hits(
+        both(f"limits {short}", 1, peers.limits_hits(strategy, ["1000000000/minute"]))
+        both(f"limits {short}", 3, peers.limits_hits(
             strategy, ["1000000000/minute", "1000000000/hour", "1000000000/day"]))
 
-    # DRF: the hot client sends exactly its rate (see common.drf_prefill); the random
+    # DRF: the hot client sends exactly its rate (see peers.drf_prefill); the random
     # clients each have a short history.
     for per_min in (100, 1_000, 10_000):
-        clock = common.FakeClock(60 / per_min * (1 + 1e-6))
-        allow, throttle = common.drf_throttle(f"{per_min}/min", scope=f"b{per_min}", clock=clock)
-        common.drf_prefill(throttle, "203.0.113.7", clock)
+        clock = peers.FakeClock(60 / per_min * (1 + 1e-6))
+        allow, throttle = peers.drf_throttle(f"{per_min}/min", scope=f"b{per_min}", clock=clock)
+        peers.drf_prefill(throttle, "203.0.113.7", clock)
         cases[("peer", f"DRF SimpleRateThrottle {per_min:,}/min", 1, "hot")] = (
             lambda allow=allow: allow("203.0.113.7"))
-    allow_r, _ = common.drf_throttle("1000/min", scope="brand")
+    allow_r, _ = peers.drf_throttle("1000/min", scope="brand")
     cases[("peer", "DRF SimpleRateThrottle 1,000/min", 1, "random")] = (
         lambda: allow_r(rng.choice(idents)))
-    both("django-ratelimit is_ratelimited 1000/m", 1, common.django_ratelimit_check("1000/m"))
+    both("django-ratelimit is_ratelimited 1000/m", 1, peers.django_ratelimit_check("1000/m"))
     both("django-smart-ratelimit check_rate_limit (redis)", 1,
-         common.smart_ratelimit_check(BIG, 60))
+         peers.smart_ratelimit_check(BIG, 60))
     both("django-trafficwatch check, fixed (cache)", 1,
-         common.trafficwatch_check(BIG, 60, "fixed", "fw"))
+         peers.trafficwatch_check(BIG, 60, "fixed", "fw"))
     both("django-trafficwatch check, redis (Lua)", 1,
-         common.trafficwatch_check(BIG, 60, "redis", "lua"))
+         peers.trafficwatch_check(BIG, 60, "redis", "lua"))
     return cases
 
 
@@ -156,7 +156,7 @@ def run(quick: bool = False) -> Section:
     ours1_g = med[("ours", "gcra", 1, "hot")]
     ours3 = med[("ours", default, 3, "hot")]
     limits3 = max(med[("peer", f"limits {s.replace('RateLimiter', '')}", 3, "hot")]
-                  for s in common.LIMITS_STRATEGIES)
+                  for s in peers.LIMITS_STRATEGIES)
     drf = med[("peer", "DRF SimpleRateThrottle 1,000/min", 1, "hot")]
     worst1 = min(med[("ours", a, 1, "hot")] for a in ALGORITHMS)
     section.checks += [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
+from bench import common, peers
 from bench.common import Check, Section, table
 
 PROCESSES = 8
@@ -39,25 +39,25 @@ def _ours(algorithm: str, run: str):
 
 
 def _peer(name: str, run: str):
-    common.configure_django()
+    peers.configure_django()
     ip = "203.0.113.7"
     if name == "DRF SimpleRateThrottle 200/hour":
-        allow, _ = common.drf_throttle("200/hour", scope=f"x{run}")
+        allow, _ = peers.drf_throttle("200/hour", scope=f"x{run}")
     elif name == "django-ratelimit 200/h":
-        allow = common.django_ratelimit_check("200/h", group=f"x{run}")
+        allow = peers.django_ratelimit_check("200/h", group=f"x{run}")
     elif name.startswith("limits "):
         from limits import parse
 
-        limiter = common.limits_strategy(name.split()[1] + "RateLimiter")
+        limiter = peers.limits_strategy(name.split()[1] + "RateLimiter")
         item = parse("200/hour")
         space = f"x{run}-{name.split()[1]}"  # strategies store different types under one key
         return lambda: limiter.hit(item, space, ip)
     elif name == "django-smart-ratelimit (redis, sliding window)":
-        allow = common.smart_ratelimit_check(LIMIT, HOUR, prefix=f"x{run}")
+        allow = peers.smart_ratelimit_check(LIMIT, HOUR, prefix=f"x{run}")
     elif name.startswith("django-trafficwatch"):
         backend = "fixed" if "fixed" in name else "redis"
         # each backend its own rule name: the two store different types under one name
-        allow = common.trafficwatch_check(LIMIT, HOUR, backend, name=f"x{run}-{backend}")
+        allow = peers.trafficwatch_check(LIMIT, HOUR, backend, name=f"x{run}-{backend}")
     else:
         raise ValueError(name)
     return lambda: allow(ip)

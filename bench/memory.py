@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
+from bench import peers as adapters
 from bench.common import Check, Section, table
 
 BATCH = 1_000
@@ -101,9 +102,9 @@ def _limits(clients: int) -> list[list[str]]:
     client = common.redis_client(common.PEERS_DB)
     rows = []
     item = parse("100/hour")
-    for strategy in common.LIMITS_STRATEGIES:
+    for strategy in adapters.LIMITS_STRATEGIES:
         common.flush(common.PEERS_DB)
-        limiter = common.limits_strategy(strategy)
+        limiter = adapters.limits_strategy(strategy)
         limiter.hit(item, "warm", "up")
         common.flush(common.PEERS_DB)
         before = _settle(client)
@@ -127,7 +128,7 @@ def _limits(clients: int) -> list[list[str]]:
 def _drf(clients: int, lengths: tuple[int, ...]) -> tuple[list[list[str]], dict[int, float]]:
     from django.core.cache import cache
 
-    _allow, throttle = common.drf_throttle("10/min", scope="anon")
+    _allow, throttle = adapters.drf_throttle("10/min", scope="anon")
     t = throttle()
     client = common.redis_client(common.PEERS_DB)
     per_key: dict[int, float] = {}
@@ -177,7 +178,7 @@ def _expiry(clients: int) -> tuple[str, int, int]:
 
 
 def run(quick: bool = False) -> Section:
-    common.configure_django()
+    adapters.configure_django()
     clients = 5_000 if quick else 100_000
     section = Section("4. Redis memory per idle client")
     ours = _ours(clients)

@@ -12,9 +12,9 @@ import logging
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -138,32 +138,21 @@ class PolicyAdmin(admin.ModelAdmin):
 
     def reset_client_view(self, request: Any, object_id: str) -> Any:
         """Forget one client's state under this policy (POST with `identity`)."""
-        policy = get_object_or_404(Policy, pk=object_id)
+        from ratelimits.ops.reset import reset_client
+
+        # get_object() answers None for a malformed id ("abc") as for a missing one.
+        policy = self.get_object(request, unquote(object_id))
+        if policy is None:
+            raise Http404(f"No policy with id {object_id!r}.")
         if request.method != "POST" or not self.has_change_permission(request, policy):
             raise PermissionDenied
-        identity = (request.POST.get("identity") or "").strip()
+        typed = (request.POST.get("identity") or "").strip()
         back = reverse("admin:ratelimits_policy_change", args=[policy.pk])
-        if not identity:
-            self.message_user(request, "Enter the client to reset, as the offenders table "
-                              "shows it.", messages.ERROR)
-            return HttpResponseRedirect(back)
-        from ratelimits.conf import get_config
-        from ratelimits.pipeline.identity import identity_from_text
-        from ratelimits.pipeline.resolver import compile_policy
-        from ratelimits.pipeline.store import get_engine
-
         try:
-            identity = identity_from_text(
-                policy.key.split(":", 1)[0], identity, get_config()["IPV6_PREFIX"]
-            )
+            identity = reset_client(policy, typed)
         except ValueError as exc:
-            self.message_user(request, f"Cannot reset {identity!r}: {exc}.", messages.ERROR)
-            return HttpResponseRedirect(back)
-        try:
-            get_engine().reset(compile_policy(policy).limit_for(identity))
-        except Exception as exc:
-            self.message_user(request, f"Could not reset {identity!r}: the store did not "
-                              f"answer ({exc}).", messages.ERROR)
+            self.message_user(request, f"Cannot reset {typed!r}: {exc}." if typed else
+                              f"Nothing reset: {exc}.", messages.ERROR)
             return HttpResponseRedirect(back)
         self.log_change(request, policy, f"Reset client {identity!r}.")
         self.message_user(request, f"Reset {identity!r} under {policy.name}: its next "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
@@ -11,6 +12,10 @@ from django.db import models
 from ratelimits.engine.types import ALGORITHMS, BURST_ALGORITHMS, Limit
 
 _METHOD = re.compile(r"^[A-Z]+$")
+# `\Z`, not `$`: `$` also matches before a final newline, and the name reaches
+# Prometheus labels, log lines and response headers.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+NAME_RULE = "Use letters, digits, '-', '_', '.' or ':' (it appears in logs and headers)."
 _SCOPE = re.compile(r"^[\w.:-]+$")
 
 # Where each rule of `Limit` lands in the form: the message's first words name the field.
@@ -39,6 +44,17 @@ class OnError(models.TextChoices):
 ALGORITHM_CHOICES = [(a, a.replace("_", " ")) for a in ALGORITHMS]
 
 
+def name_error(name: object) -> str | None:
+    """What is wrong with a policy name, or None when it is valid."""
+    if not isinstance(name, str) or not name:
+        return "A policy needs a name. " + NAME_RULE
+    if len(name) > 100:
+        return f"The name has {len(name)} characters; 100 at most."
+    if not _NAME.match(name):
+        return f"{name[:60]!r} is not a valid policy name. " + NAME_RULE
+    return None
+
+
 def split_methods(value: str) -> list[str]:
     """`"get, Post"` -> `["GET", "POST"]`; empty means every method."""
     return [m.strip().upper() for m in value.split(",") if m.strip()]
@@ -63,10 +79,7 @@ class Policy(models.Model):
         max_length=100,
         unique=True,
         validators=[
-            RegexValidator(
-                r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$",
-                "Use letters, digits, '-', '_', '.' or ':' (it appears in logs and headers).",
-            )
+            RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$", NAME_RULE)
         ],
         help_text="Unique; shown in logs, response headers and signals.",
     )
@@ -138,6 +151,29 @@ class Policy(models.Model):
         return self.name
 
     # -- validation ---------------------------------------------------------------------
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Refuse an invalid name on every save: code that creates rows without
+        `full_clean()` must not put a raw control character in a metric label or a log."""
+        error = name_error(self.name)
+        if error is not None:
+            raise ValidationError({"name": [error]})
+        super().save(*args, **kwargs)
+
+    def clean_fields(self, exclude: Any = None) -> None:
+        # The field's validator is a `$` regex, which lets a final newline through; check
+        # the name as save() will, so a form shows the error on the field instead.
+        errors: dict[str, Any] = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if "name" not in errors and "name" not in (exclude or ()):
+            error = name_error(self.name)
+            if error is not None:
+                errors["name"] = [error]
+        if errors:
+            raise ValidationError(errors)
 
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}

@@ -6,7 +6,10 @@ path pays one identity comparison when it is off and never attempts an import.
 
 The metrics live in prometheus_client's default registry: a site that already exposes
 it (django-prometheus, `start_http_server`, a multiprocess collector) gets ours on the
-same page, and `ratelimits.urls` serves that registry for a site that does not.
+same page, and `ratelimits.urls` serves that registry for a site that does not. With
+several worker processes and `PROMETHEUS_MULTIPROC_DIR` set (before the workers start),
+prometheus_client writes each worker's values to files there and the view merges them:
+one scrape shows the sum of every worker.
 """
 
 from __future__ import annotations
@@ -161,17 +164,33 @@ def available() -> bool:
 # -- the scrape view -------------------------------------------------------------------------
 
 
+def multiprocess_dir() -> str | None:
+    """prometheus_client's multiprocess directory, when the environment names one."""
+    # prometheus_client still honours the old lower-case name
+    old = os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or old
+
+
+class _NoDirectory(Exception):
+    """PROMETHEUS_MULTIPROC_DIR names something that is not a directory."""
+
+
 def _registry() -> Any:
     from prometheus_client import REGISTRY
 
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ:
-        # Several worker processes: merge their files, as prometheus_client documents.
-        from prometheus_client import CollectorRegistry, multiprocess
+    path = multiprocess_dir()
+    if path is None:
+        return REGISTRY
+    # Several worker processes, each writing its own files there: merge them, as
+    # prometheus_client documents. Serving this process's registry instead would show
+    # one worker's numbers, so a wrong directory is an error, not a fallback.
+    if not os.path.isdir(path):
+        raise _NoDirectory(path)
+    from prometheus_client import CollectorRegistry, multiprocess
 
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return registry
-    return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
+    return registry
 
 
 @never_cache
@@ -183,4 +202,13 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     from prometheus_client.exposition import choose_encoder
 
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    return HttpResponse(encoder(_registry()), content_type=content_type)
+    try:
+        registry = _registry()
+    except _NoDirectory as exc:
+        message = (
+            f"PROMETHEUS_MULTIPROC_DIR={exc.args[0]} is not a directory: create it (empty) "
+            "before the server starts, and set the variable for every worker process"
+        )
+        logger.error("ratelimits: metrics cannot be served: %s", message)
+        return HttpResponse(message + "\n", status=503, content_type="text/plain")
+    return HttpResponse(encoder(registry), content_type=content_type)

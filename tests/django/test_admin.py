@@ -108,3 +108,10 @@ def test_edits_are_recorded_with_old_and_new_values(admin_client, make_policy):
     message = entry.get_change_message()
     assert "Limit from 5 to 10" in message
     assert "Mode from 'enforce' to 'shadow'" in message
+
+
+@pytest.mark.parametrize("pk", ["abc", "999999", "1.5"])
+def test_reset_client_of_a_malformed_or_missing_id_is_404(admin_client, make_policy, pk):
+    make_policy(name="login", limit=1)
+    response = admin_client.post(f"{URL}{pk}/reset-client/", {"identity": "192.0.2.9"})
+    assert response.status_code == 404

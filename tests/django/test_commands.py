@@ -324,3 +324,14 @@ def test_status_says_it_cannot_see_in_process_counters(memory_store, make_policy
     out = io.StringIO()
     call_command("ratelimits", "status", stdout=out)
     assert "a command cannot see" in out.getvalue()
+
+
+def test_replay_jobs_option_splits_and_gives_the_same_report(tmp_path, make_policy):
+    make_policy(name="per-ip", limit=2, period=60)
+    lines = [line(ip=f"10.0.0.{i % 7}", second=i % 60) for i in range(300)]
+    one = replay(tmp_path, lines, "--jobs", "1", "--top", "10")
+    two = replay(tmp_path, lines, "--jobs", "2", "--top", "10")
+    assert by_name(one)["per-ip"]["refused"] > 0
+    assert {**one, "seconds": 0} == {**two, "seconds": 0}
+    with pytest.raises(CommandError, match="--jobs must be 1 or more"):
+        replay(tmp_path, lines, "--jobs", "0")

@@ -8,6 +8,7 @@ a difference between two scrapes.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -236,3 +237,64 @@ def test_a_metrics_failure_is_logged_once_and_never_breaks_a_request(
     assert statuses == [200, 200, 429]
     logged = [r for r in caplog.records if "recording metrics failed" in r.getMessage()]
     assert len(logged) == 1
+
+
+WORKER = """
+import sys, types
+import django
+from django.conf import settings
+
+settings.configure(RATELIMITS={"METRICS": True})
+django.setup()
+from ratelimits.conf import get_config
+from ratelimits.engine import Limit, MemoryEngine
+from ratelimits.ops import metrics
+
+name, requests = sys.argv[1], int(sys.argv[2])
+recorder = metrics.recorder_for(get_config())
+engine = MemoryEngine()
+policy = types.SimpleNamespace(name=name)
+limit = Limit("client", "fixed_window", 2, 60, name=name)
+for _ in range(requests):
+    decision = engine.evaluate([limit], now=1_800_000_000.0)
+    recorder.decided(engine, 0.0002, [(policy, "client")], decision)
+"""
+
+
+def test_one_scrape_sums_every_worker_in_multiprocess_mode(client, settings, monkeypatch,
+                                                           tmp_path):
+    """Three real worker processes record into PROMETHEUS_MULTIPROC_DIR and exit; one
+    scrape (from yet another process) shows their sum, as behind gunicorn."""
+    import subprocess
+
+    name = unique("workers")
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    workers = [
+        subprocess.Popen([sys.executable, "-c", WORKER, name, str(n)], env=env)
+        for n in (3, 4, 5)
+    ]
+    assert [w.wait(timeout=60) for w in workers] == [0, 0, 0]
+    assert len(list(tmp_path.glob("counter_*.db"))) == 3  # one file per worker
+
+    enable(settings)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    samples = scrape(client)
+    # Each worker admitted 2 and refused the rest of its own requests.
+    assert outcomes(samples, name) == counts(admitted=6, rejected=1 + 2 + 3)
+    assert engine_calls(samples, "memory") == 12
+    assert samples[("ratelimits_engine_seconds_bucket",
+                    frozenset({("backend", "memory"), ("le", "0.00025")}))] == 12
+
+
+def test_a_missing_multiprocess_directory_is_a_clear_503(client, settings, monkeypatch,
+                                                         tmp_path, caplog):
+    enable(settings)
+    missing = tmp_path / "not-created"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(missing))
+    with caplog.at_level(logging.ERROR, logger="ratelimits"):
+        response = client.get(SCRAPE)
+    assert response.status_code == 503
+    text = response.content.decode()
+    assert str(missing) in text and "not a directory" in text and "Traceback" not in text
+    assert any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)

@@ -110,3 +110,25 @@ def test_limit_view_of_a_policy():
     limit = policy.as_limit("1.2.3.4")
     assert (limit.key, limit.algorithm, limit.limit, limit.period) == ("1.2.3.4", "gcra", 5, 60.0)
     assert limit.burst == 7 and limit.shadow and limit.name == "login-per-ip"
+
+
+@pytest.mark.parametrize("name", ["a\rb", "a\nb", "trailing\n", "bad name", "ümlaut", "-x", ""])
+def test_a_bad_name_is_refused_on_save_without_full_clean(name):
+    with pytest.raises(ValidationError) as info:
+        Policy.objects.create(**{**VALID, "name": name})
+    message = " ".join(info.value.message_dict["name"])
+    assert "letters, digits" in message  # says what to write
+    assert not Policy.objects.exists()  # nothing saved
+
+
+def test_a_valid_name_saves_and_a_rename_is_checked_too():
+    policy = Policy.objects.create(**{**VALID, "name": "api:v2_login-per.ip"})
+    policy.name = "renamed\r"
+    with pytest.raises(ValidationError):
+        policy.save()
+    assert Policy.objects.get().name == "api:v2_login-per.ip"
+
+
+def test_a_final_newline_in_a_name_lands_on_the_field_in_forms():
+    # The field's `$` regex alone lets "name\n" through; full_clean() must not.
+    assert "name" in errors_for(name="login\n")

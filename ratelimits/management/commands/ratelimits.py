@@ -3,7 +3,8 @@
 manage.py ratelimits status [--json]
 manage.py ratelimits reset <policy> --key <identity>
 manage.py ratelimits replay <access-log> [--format auto|combined|json] [--top N]
-                            [--policy NAME ...] [--skip-bad] [--progress] [--json]
+                            [--policy NAME ...] [--skip-bad] [--progress] [--jobs N]
+                            [--json]
 """
 
 from __future__ import annotations
@@ -128,6 +129,14 @@ class Command(BaseCommand):
             action="store_true",
             help="Show progress on stderr even when it is not a terminal.",
         )
+        replay.add_argument(
+            "--jobs",
+            type=int,
+            metavar="N",
+            help="Processes to split a large log file by client across (default: one per "
+            "idle CPU, at most 4; one for a small file, standard input, or policies with "
+            "a global, query or mixed key).",
+        )
         replay.add_argument("--json", action="store_true", help="Print JSON instead of text.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -236,11 +245,11 @@ class Command(BaseCommand):
     # -- reset ----------------------------------------------------------------------------
 
     def _reset(self, *, policy: str, key: str | None = None, **_: Any) -> None:
-        from ratelimits.conf import get_config
+        from ratelimits.ops.reset import reset_client
         from ratelimits.pipeline import store
 
         row = _policy_named(policy)
-        compiled = _compile(row)
+        _compile(row)
         if not store.is_shared():
             raise CommandError(
                 "the limits are counted inside each server process (RATELIMITS['CACHE'] is "
@@ -252,8 +261,10 @@ class Command(BaseCommand):
                 f"reset needs --key <identity>: ratelimits never scans Redis for all the "
                 f"clients of a policy. {self._recent(row.name)}"
             )
-        identity = _identity(compiled.key_spec.kind, key, get_config()["IPV6_PREFIX"])
-        store.get_engine().reset(compiled.limit_for(identity))
+        try:
+            identity = reset_client(row, key)
+        except ValueError as exc:
+            raise CommandError(f"--key {key!r}: {exc}") from exc
         self.stdout.write(
             f"Reset {identity} under policy {row.name} ({row.human_rate()}, "
             f"{row.algorithm}): its next request starts afresh."
@@ -283,6 +294,7 @@ class Command(BaseCommand):
         policy: list[str],
         skip_bad: bool,
         progress: bool,
+        jobs: int | None,
         json: bool,
         **_: Any,
     ) -> None:
@@ -291,8 +303,10 @@ class Command(BaseCommand):
 
         if top < 0:
             raise CommandError("--top must be 0 or more")
+        if jobs is not None and jobs < 1:
+            raise CommandError("--jobs must be 1 or more")
         compiled, invalid = self._replay_policies(policy)
-        bar = _Progress(self.stderr) if progress or sys.stderr.isatty() else None
+        bar = _progress_bar(self.stderr) if progress or sys.stderr.isatty() else None
         try:
             report = replay_file(
                 log,
@@ -302,6 +316,7 @@ class Command(BaseCommand):
                 skip_bad=skip_bad,
                 top=top,
                 progress=bar,
+                jobs=jobs,
             )
         except LogError as exc:
             raise CommandError(str(exc)) from None
@@ -309,7 +324,7 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read {log}: {exc.strerror or exc}") from None
         finally:
             if bar is not None:
-                bar.done()
+                bar.close()
         if invalid:
             report = dataclasses.replace(
                 report, skipped_policies=report.skipped_policies + tuple(invalid)
@@ -340,16 +355,6 @@ class Command(BaseCommand):
             compiled.append(c)
         compiled.sort(key=lambda p: (-p.priority, -p.pattern.specificity, p.name))
         return compiled, invalid
-
-
-def _identity(kind: str, value: str, ipv6_prefix: int) -> str:
-    """The identity the middleware would have built for `value` under a `kind` key."""
-    from ratelimits.pipeline.identity import identity_from_text
-
-    try:
-        return identity_from_text(kind, value, ipv6_prefix)
-    except ValueError as exc:
-        raise CommandError(f"--key: {exc}") from exc
 
 
 def _dumps(data: Any) -> str:
@@ -437,25 +442,18 @@ def _replay_text(report: Any, top: int) -> str:
     return "\n".join(out)
 
 
-class _Progress:
-    """`replay: 42% (12.3 of 29.0 MB)` on one terminal line, redrawn when it changes."""
+def _progress_bar(stream: Any) -> Any:
+    """A tqdm bar over the bytes of the log (its rate and the time left), on `stream`;
+    called as `bar(bytes_read, size)`."""
+    from tqdm import tqdm
 
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.shown = ""
+    class Bar(tqdm):  # type: ignore[misc]
+        def __call__(self, done: int, total: int | None) -> None:
+            if total is not None and self.total != total:
+                self.total = total
+            self.update(done - self.n)
 
-    def __call__(self, done: int, total: int | None) -> None:
-        mb = done / 1e6
-        if total:
-            percent = min(100, 100 * done // total)
-            text = f"replay: {percent:3d}% ({mb:,.1f} of {total / 1e6:,.1f} MB)"
-        else:
-            text = f"replay: {mb:,.1f} MB"
-        if text != self.shown:
-            self.stream.write("\r" + text, ending="")
-            self.stream.flush()
-            self.shown = text
-
-    def done(self) -> None:
-        if self.shown:
-            self.stream.write("")
+    # The command's stderr wrapper ends every write with a newline; tqdm redraws one line.
+    out = getattr(stream, "_out", stream)
+    return Bar(desc="replay", total=None, unit="B", unit_scale=True, file=out,
+               dynamic_ncols=True, leave=True, mininterval=0.2)

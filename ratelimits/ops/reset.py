@@ -1,0 +1,39 @@
+"""Reset one client under one policy: what the admin's "reset this client" and
+`manage.py ratelimits reset` both do with the client an operator typed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: What to type, for messages.
+HINT = "as the offenders table and the logs show it (ip:203.0.113.9, user:7) or the bare value"
+
+
+def reset_client(policy: Any, typed: str) -> str:
+    """Forget `typed`'s state under `policy` (a Policy row) and return the identity reset.
+
+    `typed` is read as the middleware would build the identity: "ip:203.0.113.9",
+    "user:7", a hashed identity as logs show it, or a bare value ("2001:db8::1" counts as
+    its /64). Raises ValueError with a message for the operator when the client cannot
+    be one of this policy's, the policy is invalid, or the store does not answer.
+    """
+    from ratelimits.conf import get_config
+    from ratelimits.pipeline.identity import identity_from_text
+    from ratelimits.pipeline.resolver import compile_policy
+    from ratelimits.pipeline.store import get_engine
+
+    if not (typed or "").strip():
+        raise ValueError(f"enter the client to reset, {HINT}")
+    try:
+        compiled = compile_policy(policy)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"policy {policy.name!r} is invalid: {exc}") from exc
+    identity = identity_from_text(compiled.key_spec.kind, typed, get_config()["IPV6_PREFIX"])
+    try:
+        get_engine().reset(compiled.limit_for(identity))
+    except Exception as exc:  # a store outage: say so, never a traceback
+        raise ValueError(
+            f"could not reset {identity}: the store did not answer ({type(exc).__name__}: "
+            f"{exc}); try again when it is back"
+        ) from exc
+    return identity
