@@ -13,27 +13,30 @@ import os
 import threading
 from functools import lru_cache
 
+from ratelimits.engine.constants import (
+    OFFENDER_CHARS,
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
+    STATS_TTL,
+    US,
+)
+from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Limit
 
-#: Short per-algorithm suffixes keep keys small (memory per idle key matters at scale).
-ALGORITHM_CODES: dict[str, str] = {
-    "fixed_window": "fw",
-    "sliding_window": "sw",
-    "sliding_log": "sl",
-    "token_bucket": "tb",
-    "leaky_bucket": "lb",
-    "gcra": "g",
-    "concurrency": "c",
-}
-
-US = 1_000_000
-#: Per-policy counters are kept this long (seconds): a day plus an hour of slack.
-STATS_TTL = 25 * 3600
-#: Each policy's top offenders: one list per hour, kept two hours, at most this many.
-OFFENDERS_TTL = 2 * 3600
-OFFENDERS_CAP = 100
-#: An offender is listed under the first this many characters of its identity.
-OFFENDER_CHARS = 200
+# The constants are re-exported: they are the figures of this key layout.
+__all__ = [
+    "OFFENDERS_CAP",
+    "OFFENDERS_TTL",
+    "OFFENDER_CHARS",
+    "STATS_TTL",
+    "US",
+    "base_key",
+    "new_token",
+    "offenders_key",
+    "period_us",
+    "stats_key",
+    "to_us",
+]
 
 
 def base_key(prefix: str, limit: Limit) -> str:
@@ -45,11 +48,7 @@ def base_key(prefix: str, limit: Limit) -> str:
 def _base_key(prefix: str, name: str, key: str, algorithm: str) -> str:
     raw = name.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
     digest = base64.urlsafe_b64encode(hashlib.blake2b(raw, digest_size=12).digest())
-    return f"{prefix}{{{digest.decode('ascii')}}}:{ALGORITHM_CODES[algorithm]}"
-
-
-#: Algorithms that store one member per admitted unit, named by the request's token.
-TOKEN_ALGORITHMS = frozenset({"sliding_log", "concurrency"})
+    return f"{prefix}{{{digest.decode('ascii')}}}:{REGISTRY[algorithm].code}"
 
 
 def stats_key(prefix: str, name: str, minute: int) -> str:
@@ -64,13 +63,6 @@ def offenders_key(prefix: str, name: str, hour: int) -> str:
 
 def period_us(limit: Limit) -> int:
     return max(1, round(limit.period * US))
-
-
-def burst_of(limit: Limit) -> int:
-    """The burst the algorithms use: `limit` when unset, except 0 for the leaky bucket."""
-    if limit.burst is not None:
-        return limit.burst
-    return 0 if limit.algorithm == "leaky_bucket" else limit.limit
 
 
 def to_us(now: float) -> int:

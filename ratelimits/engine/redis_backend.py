@@ -4,39 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import redis
 
-from ratelimits.engine.assemble import FIELDS, assemble
+from ratelimits.engine.algorithms import member
 from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.contract import batch_source, decode, encode
 from ratelimits.engine.errors import EngineError, EngineUnavailable
-from ratelimits.engine.keys import (
-    OFFENDER_CHARS,
-    TOKEN_ALGORITHMS,
-    US,
-    base_key,
-    burst_of,
-    new_token,
-    offenders_key,
-    period_us,
-    stats_key,
-    to_us,
-)
+from ratelimits.engine.keys import US, base_key, offenders_key, period_us, stats_key, to_us
+from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Decision, Limit
 
-#: One file per algorithm (see lua/prelude.lua for how they are joined).
-ALGORITHM_FILES = (
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "leaky_bucket",
-    "gcra",
-    "concurrency",
-)
+__all__ = ["UNAVAILABLE_ERRORS", "RedisEngine", "batch_source"]
 
 #: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
@@ -45,34 +25,6 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ReadOnlyError,
     redis.BusyLoadingError,
 )
-
-
-def _dispatcher(name: str, params: str, bodies: dict[str, str]) -> str:
-    lines = [f"local function {name}(algorithm, {params})"]
-    for i, (algorithm, body) in enumerate(bodies.items()):
-        lines.append(f"  {'if' if i == 0 else 'elseif'} algorithm == '{algorithm}' then")
-        lines += [f"    {line}" if line else "" for line in body.strip("\n").split("\n")]
-    lines += ["  else", "    error('unknown algorithm ' .. tostring(algorithm))", "  end", "end"]
-    return "\n".join(lines)
-
-
-@lru_cache(maxsize=1)
-def batch_source() -> str:
-    """The batch script: the prelude, the check and commit dispatchers, the entry point."""
-    lua = resources.files("ratelimits.engine") / "lua"
-    checks, commits = {}, {}
-    for algorithm in ALGORITHM_FILES:
-        text = (lua / f"{algorithm}.lua").read_text("utf-8")
-        _, _, bodies = text.partition("--[[check]]")
-        checks[algorithm], _, commits[algorithm] = bodies.partition("--[[commit]]")
-    return "\n".join(
-        (
-            (lua / "prelude.lua").read_text("utf-8"),
-            _dispatcher("check", "key, now, L, P, B, c", checks),
-            _dispatcher("commit", "key, now, L, P, B, c, r, token", commits),
-            (lua / "batch.lua").read_text("utf-8"),
-        )
-    )
 
 
 class RedisEngine:
@@ -97,36 +49,21 @@ class RedisEngine:
         self.prefix = prefix
         self.version_key = version_key
         self._script = client.register_script(batch_source())
-        self._head = ["", "", version_key or "", f"{prefix}s:" if stats else ""]
+        self.stats = stats
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
-        args: list[Any] = self._head.copy()
-        if now is not None:
-            args[0] = to_us(now)
-        token = None
-        keys = []
-        for limit in limits:
-            keys.append(base_key(self.prefix, limit))
-            if token is None and limit.algorithm in TOKEN_ALGORITHMS:
-                token = args[1] = new_token()
-            args += (
-                limit.algorithm,
-                limit.limit,
-                period_us(limit),
-                burst_of(limit),
-                limit.cost,
-                1 if limit.shadow else 0,
-                limit.name,
-                limit.key[:OFFENDER_CHARS].encode("utf-8", "surrogatepass"),
-            )
+        keys, args, token = encode(
+            limits, prefix=self.prefix, now=now, version_key=self.version_key,
+            stats=self.stats,
+        )
         reply = self._run(keys, args)
-        if len(reply) != 3 + FIELDS * len(limits):
-            raise EngineError(f"unexpected reply from the batch script: {reply!r}")
-        version = int(reply[0]) if self.version_key else None
-        return assemble(limits, reply[3:], admitted=reply[1] == 1, version=version, token=token)
+        try:
+            return decode(limits, reply, versioned=bool(self.version_key), token=token)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
 
     def _run(self, keys: list[str], args: list[Any]) -> Any:
         breaker = self.breaker
@@ -154,8 +91,8 @@ class RedisEngine:
             return  # the slots expire by themselves after their period
         pipe = self.client.pipeline(transaction=False)
         for result in decision.results:
-            if result.limit.algorithm == "concurrency" and result.allowed:
-                members = [f"{decision.token}:{i}" for i in range(1, result.limit.cost + 1)]
+            if result.limit.spec.holds_slots and result.allowed:
+                members = [member(decision.token, i) for i in range(1, result.limit.cost + 1)]
                 pipe.zrem(base_key(self.prefix, result.limit), *members)
         try:
             pipe.execute()
@@ -209,6 +146,9 @@ class RedisEngine:
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
         key = base_key(self.prefix, limit)
+        if not REGISTRY[limit.algorithm].windowed:
+            self.client.delete(key)
+            return
         if now is None:
             seconds, micros = self.client.time()
             now_us = seconds * US + micros

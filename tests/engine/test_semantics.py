@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
+from ratelimits.engine import Limit, MemoryEngine
 from ratelimits.engine.keys import OFFENDERS_TTL, US, offenders_key
+from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 
@@ -43,10 +44,13 @@ def test_rejected_request_charges_none(engine):
     assert engine.evaluate([wide], now=T0).results[0].remaining == 2
 
 
-@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
+@pytest.mark.parametrize(
+    "algorithm", [a for a, spec in REGISTRY.items() if not spec.holds_slots]
+)
 def test_rejected_requests_do_not_extend_the_wait(engine, algorithm):
     """A client that keeps retrying recovers: rejections are never recorded."""
-    limit = Limit("c", algorithm, 2, 10, burst=1 if algorithm == "leaky_bucket" else None)
+    # a queue of one, so that the second request at T0 is admitted as the others are
+    limit = Limit("c", algorithm, 2, 10, burst=1 if REGISTRY[algorithm].delays else None)
     assert engine.evaluate([limit], now=T0).allowed
     assert engine.evaluate([limit], now=T0).allowed
     first = engine.evaluate([limit], now=T0 + 1)
