@@ -84,7 +84,8 @@ class MemoryEngine:
         now_f = float(to_us(time.time() if now is None else now))
         prepared = [self.prepare(limit) for limit in limits]
         with self._lock:
-            self._store.sweep(now_f)
+            if now_f >= self._store.next_due:
+                self._store.sweep(now_f)
             admitted, checks, _, token = charge(self._store, prepared, now_f)
             raw: list[Any] = []
             minute = math.floor(now_f / (60 * US))
@@ -130,9 +131,11 @@ class MemoryEngine:
         request was admitted and, per limit, 1 if that limit alone would admit it.
         """
         now_f = float(to_us(now))
+        store = self._store
         with self._lock:
-            self._store.sweep(now_f)
-            admitted, _, allowed, _ = charge(self._store, prepared, now_f)
+            if now_f >= store.next_due:
+                store.sweep(now_f)
+            admitted, _, allowed, _ = charge(store, prepared, now_f)
         return admitted, allowed
 
     def _count(self, key: str, field: str, now: float) -> None:
@@ -204,9 +207,9 @@ class MemoryEngine:
         """Forget one client's state under one limit (current and previous windows)."""
         key = base_key(self.prefix, limit)
         with self._lock:
-            self._store.data.pop(key, None)
+            self._store.delete(key)
             if REGISTRY[limit.algorithm].windowed:
                 now_us = to_us(time.time() if now is None else now)
                 win = math.floor(now_us / period_us(limit))
-                self._store.data.pop(f"{key}:{win}", None)
-                self._store.data.pop(f"{key}:{win - 1}", None)
+                self._store.delete(f"{key}:{win}")
+                self._store.delete(f"{key}:{win - 1}")
