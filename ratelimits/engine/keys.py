@@ -31,7 +31,9 @@ __all__ = [
     "STATS_TTL",
     "US",
     "base_key",
+    "guaranteed",
     "new_token",
+    "offender_errors_key",
     "offenders_key",
     "period_us",
     "stats_key",
@@ -59,6 +61,20 @@ def stats_key(prefix: str, name: str, minute: int) -> str:
 def offenders_key(prefix: str, name: str, hour: int) -> str:
     """The sorted set of the clients one policy refused (or would have) in one hour."""
     return f"{prefix}s:{name}:h{hour}"
+
+
+def offender_errors_key(prefix: str, name: str, hour: int) -> str:
+    """Beside the offenders of one hour: the count each entrant of a full list inherited
+    (its error), for members that have one."""
+    return f"{offenders_key(prefix, name, hour)}:e"
+
+
+def guaranteed(counts: dict[str, int], errors: dict[str, int], n: int) -> list[tuple[str, int]]:
+    """The `n` offenders with the highest guaranteed counts (count minus error), highest
+    first, ties by the greatest identity (as ZREVRANGE orders them)."""
+    ranked = sorted(((who, c - errors.get(who, 0)) for who, c in counts.items()),
+                    key=lambda kv: (kv[1], kv[0]), reverse=True)
+    return ranked[:n]
 
 
 def period_us(limit: Limit) -> int:

@@ -22,7 +22,15 @@ from ratelimits.engine.constants import (
     US,
 )
 from ratelimits.engine.contract import assemble
-from ratelimits.engine.keys import base_key, new_token, offenders_key, period_us, stats_key, to_us
+from ratelimits.engine.keys import (
+    base_key,
+    guaranteed,
+    new_token,
+    offenders_key,
+    period_us,
+    stats_key,
+    to_us,
+)
 from ratelimits.engine.keyspace import Keyspace
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Decision, Limit
@@ -145,11 +153,12 @@ class MemoryEngine:
 
     def _offend(self, key: str, who: str, now: float) -> None:
         """Space-Saving top-k, as the Lua `offend`: a newcomer to a full list takes the
-        evicted minimum plus one."""
-        counts: dict[str, int] | None = self._store.get(key, now)
-        if counts is None:  # EXPIRE NX: the list's lifetime starts with its first member
-            counts = {}
-            self._store.set(key, counts, now, OFFENDERS_TTL * US)
+        evicted minimum plus one, and keeps that floor as its error."""
+        entry: tuple[dict[str, int], dict[str, int]] | None = self._store.get(key, now)
+        if entry is None:  # EXPIRE NX: the list's lifetime starts with its first member
+            entry = ({}, {})
+            self._store.set(key, entry, now, OFFENDERS_TTL * US)
+        counts, errors = entry
         if who in counts:
             counts[who] += 1
             return
@@ -158,7 +167,10 @@ class MemoryEngine:
             # ZPOPMIN: the lowest score, ties broken by the smallest member
             lowest = min(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
             floor = counts.pop(lowest)
+            errors.pop(lowest, None)
         counts[who] = floor + 1
+        if floor:
+            errors[who] = floor
 
     def counters_many(self, wanted: Sequence[tuple[str, int]]) -> list[dict[str, int]]:
         """`counters()` of many (name, minute) pairs."""
@@ -171,12 +183,12 @@ class MemoryEngine:
         return [self.offenders(name, hour, n) for name, hour in wanted]
 
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
-        """The clients one policy refused most (with would-be refusals) in one hour."""
+        """The clients one policy refused most (with would-be refusals) in one hour, by
+        guaranteed count: refusals each one certainly had (see `keys.guaranteed`)."""
         with self._lock:
             entry = self._store.data.get(offenders_key(self.prefix, name, hour))
-            counts = dict(entry[0]) if entry else {}
-        # ZREVRANGE order: highest score first, ties by the greatest member
-        return sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:n]
+            counts, errors = (dict(entry[0][0]), dict(entry[0][1])) if entry else ({}, {})
+        return guaranteed(counts, errors, n)
 
     def release(self, decision: Decision) -> None:
         """Free the slots an admitted decision holds."""

@@ -12,7 +12,16 @@ from ratelimits.engine.algorithms import member
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.contract import batch_source, decode, encode
 from ratelimits.engine.errors import EngineError, EngineUnavailable
-from ratelimits.engine.keys import US, base_key, offenders_key, period_us, stats_key, to_us
+from ratelimits.engine.keys import (
+    US,
+    base_key,
+    guaranteed,
+    offender_errors_key,
+    offenders_key,
+    period_us,
+    stats_key,
+    to_us,
+)
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Decision, Limit
 
@@ -129,19 +138,21 @@ class RedisEngine:
         """`offenders()` of many (name, hour) pairs in one pipelined round trip."""
         pipe = self.client.pipeline(transaction=False)
         for name, hour in wanted:
-            pipe.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1, withscores=True)
-        return [
-            [(k.decode("utf-8", "surrogatepass") if isinstance(k, bytes) else k, int(v))
-             for k, v in raw]
-            for raw in pipe.execute()
-        ]
+            # a list holds at most OFFENDERS_CAP members: read it whole to rank it
+            pipe.zrange(offenders_key(self.prefix, name, hour), 0, -1, withscores=True)
+            pipe.hgetall(offender_errors_key(self.prefix, name, hour))
+        replies = pipe.execute()
+        out = []
+        for raw, raw_errors in zip(replies[::2], replies[1::2], strict=True):
+            counts = {_text(k): int(v) for k, v in raw}
+            errors = {_text(k): int(v) for k, v in raw_errors.items()}
+            out.append(guaranteed(counts, errors, n))
+        return out
 
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
-        """The clients one policy refused most (with would-be refusals) in one hour."""
-        raw = self.client.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1,
-                                    withscores=True)
-        return [(k.decode("utf-8", "surrogatepass") if isinstance(k, bytes) else k, int(v))
-                for k, v in raw]
+        """The clients one policy refused most (with would-be refusals) in one hour, by
+        guaranteed count: refusals each one certainly had (see `keys.guaranteed`)."""
+        return self.offenders_many([(name, hour)], n)[0]
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
@@ -156,3 +167,7 @@ class RedisEngine:
             now_us = to_us(now)
         win = math.floor(now_us / period_us(limit))
         self.client.delete(key, f"{key}:{win}", f"{key}:{win - 1}")
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 
 import pytest
 import redis
@@ -11,6 +12,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine
+from ratelimits.engine.keys import (
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
+    offender_errors_key,
+    offenders_key,
+)
 from tests.engine.conftest import T0
 
 KEY = re.compile(r"^rl:\{[A-Za-z0-9_-]{16}\}:[a-z]{1,2}(:\d+)?$")
@@ -100,3 +107,16 @@ def test_an_unreachable_server_raises_engine_unavailable():
     engine = RedisEngine(client)
     with pytest.raises(EngineUnavailable):
         engine.evaluate([limit_for("gcra")])
+
+
+def test_offender_lists_and_their_errors_are_bounded_and_expire(engine, redis_client):
+    limit = Limit("", "fixed_window", 1, 60, name="p")
+    for i in range(OFFENDERS_CAP + 30):  # a full list, then 30 entrants with an error
+        for _ in range(2):
+            engine.evaluate([replace(limit, key=f"c{i}")], now=T0)
+    hour = int(T0 // 3600)
+    members, errors = offenders_key("rl:", "p", hour), offender_errors_key("rl:", "p", hour)
+    assert redis_client.zcard(members) == OFFENDERS_CAP
+    assert 0 < redis_client.hlen(errors) <= OFFENDERS_CAP
+    for key in (members, errors):
+        assert OFFENDERS_TTL - 5 < redis_client.ttl(key) <= OFFENDERS_TTL, key

@@ -190,7 +190,27 @@ def test_offenders_list_is_bounded_and_a_persistent_newcomer_still_enters(engine
     top = engine.offenders("scan", hour, n=OFFENDERS_CAP * 2)
     assert len(top) == OFFENDERS_CAP
     assert top[0][0] == "late"
-    assert top[0][1] >= 29  # never under-counted (Space-Saving may over-count)
+    # its guaranteed count: every refusal since it entered, none of the inherited floor
+    assert top[0][1] == 29
+
+
+def test_rotating_keys_cannot_flush_the_real_offender(engine):
+    """The attack: one client refused 50 times, then 1,500 rotating keys refused once
+    each. Ranked by guaranteed count (count minus the floor inherited on entering a full
+    list), the real offender stays first and no junk key claims more than its one."""
+    from ratelimits.engine.keys import OFFENDERS_CAP
+
+    limit = Limit("", "fixed_window", 1, 3600, name="login")
+    for _ in range(51):  # the first is admitted: 50 refusals
+        engine.evaluate([replace(limit, key="203.0.113.9")], now=T0)
+    for i in range(1_500):
+        junk = replace(limit, key=f"junk-{i}")
+        engine.evaluate([junk], now=T0)
+        engine.evaluate([junk], now=T0)
+    top = engine.offenders("login", int(T0 // 3600), n=OFFENDERS_CAP * 2)
+    assert len(top) == OFFENDERS_CAP  # memory stays bounded
+    assert top[0] == ("203.0.113.9", 50)
+    assert {count for _, count in top[1:]} == {1}
 
 
 def test_offenders_expire_after_two_hours(engine):

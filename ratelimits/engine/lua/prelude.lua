@@ -45,15 +45,24 @@ end
 
 local function offend(key, who)
   -- Space-Saving top-k: a full list gives the newcomer the evicted minimum plus one, so a
-  -- client refused often enough always enters, and memory stays bounded.
+  -- client refused often enough always enters, and memory stays bounded. The inherited
+  -- floor is the newcomer's error, kept in the hash <key>:e: count - error is a count
+  -- the client certainly earned, which rotating keys cannot inflate.
   if redis.call('ZSCORE', key, who) then
     redis.call('ZINCRBY', key, 1, who)
     return
   end
   local floor = 0
+  local errors = key .. ':e'
   if redis.call('ZCARD', key) >= OFFENDERS then
-    floor = tonumber(redis.call('ZPOPMIN', key)[2])
+    local evicted = redis.call('ZPOPMIN', key)
+    floor = tonumber(evicted[2])
+    redis.call('HDEL', errors, evicted[1])
   end
   redis.call('ZADD', key, floor + 1, who)
   redis.call('EXPIRE', key, OFFENDERS_TTL, 'NX')
+  if floor > 0 then
+    redis.call('HSET', errors, who, floor)
+    redis.call('EXPIRE', errors, OFFENDERS_TTL, 'NX')
+  end
 end
