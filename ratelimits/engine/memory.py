@@ -13,7 +13,17 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ratelimits.engine.algorithms import Check, CheckFn, CommitFn, member
+from ratelimits.engine.algorithms import (
+    ALLOWED,
+    DELAY,
+    REMAINING,
+    RESET_AFTER,
+    RETRY_AFTER,
+    Check,
+    CheckFn,
+    CommitFn,
+    member,
+)
 from ratelimits.engine.constants import (
     OFFENDER_CHARS,
     OFFENDERS_CAP,
@@ -63,14 +73,14 @@ def charge(
     the engine's lock."""
     # Unpacked rather than read by name: this loop runs millions of times in a replay.
     checks = [check(store, key, now, L, P, B, c) for key, check, _, L, P, B, c, _, _ in prepared]
-    allowed = [r[0] for r in checks]
+    allowed = [r[ALLOWED] for r in checks]
     if 0 in allowed:
         for p, ok in zip(prepared, allowed, strict=True):
             if not ok and not p.shadow:
                 return False, checks, allowed, ""
     token = ""
     for (key, _, commit, _, P, _, c, _, needs_token), r in zip(prepared, checks):  # noqa: B905
-        if r[0]:
+        if r[ALLOWED]:
             if needs_token and not token:
                 token = new_token()
             commit(store, key, now, P, c, r, token)
@@ -98,10 +108,10 @@ class MemoryEngine:
             raw: list[Any] = []
             minute = math.floor(now_f / (60 * US))
             for limit, r in zip(limits, checks, strict=True):
-                remaining = r.remaining
-                if r.allowed and admitted:
+                remaining = r[REMAINING]
+                if r[ALLOWED] and admitted:
                     field = "a"
-                elif r.allowed:
+                elif r[ALLOWED]:
                     remaining += limit.cost  # not charged: its units are still there
                     field = "o"
                 else:
@@ -112,7 +122,7 @@ class MemoryEngine:
                         hour = math.floor(now_f / (3600 * US))
                         self._offend(offenders_key(self.prefix, limit.name, hour),
                                      limit.key[:OFFENDER_CHARS], now_f)
-                raw += [r.allowed, remaining, r.reset_after, r.retry_after, r.delay, field]
+                raw += [r[ALLOWED], remaining, r[RESET_AFTER], r[RETRY_AFTER], r[DELAY], field]
             version = self._version if self.version_key else None
         return assemble(limits, raw, admitted=admitted, version=version, token=token or None)
 
