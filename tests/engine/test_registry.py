@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from importlib import resources
 
 import pytest
 
-from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
+from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine, contract
 from ratelimits.engine.contract import batch_source
+from ratelimits.engine.keys import base_key
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.models import ALGORITHM_CHOICES
 from tests.engine.conftest import T0
 
 
@@ -49,10 +50,6 @@ def test_the_memory_engine_runs_the_entry_functions():
         assert prepared.needs_token is spec.holds_slots
 
 
-def test_the_models_choices_are_the_registry():
-    assert [(n, s.label) for n, s in REGISTRY.items()] == ALGORITHM_CHOICES
-
-
 @pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if s.windowed])
 def test_reset_clears_a_windowed_limit_on_both_engines(engine, name):
     """Windowed state lives under <key>:<window>: reset() must reach it, at any time."""
@@ -63,3 +60,24 @@ def test_reset_clears_a_windowed_limit_on_both_engines(engine, name):
     engine.reset(limit, now=at)
     assert engine.evaluate([limit], now=at).allowed
     assert not engine.evaluate([limit], now=at).allowed
+
+
+def test_a_new_entry_is_all_an_algorithm_needs(redis_client, monkeypatch):
+    """Register a twin of gcra under a new name and code: with nothing else changed, both
+    engines validate, key, dispatch and decide it (the script is rebuilt from the
+    registry), exactly as they do gcra."""
+    monkeypatch.setitem(REGISTRY, "twin", replace(REGISTRY["gcra"], name="twin", code="tw"))
+    contract.batch_source.cache_clear()
+    try:
+        engines = [RedisEngine(redis_client), MemoryEngine()]
+        twin, gcra = Limit("c", "twin", 3, 60, burst=2), Limit("c", "gcra", 3, 60, burst=2)
+        assert base_key("rl:", twin).endswith(":tw")
+        for engine in engines:
+            got = [engine.evaluate([twin], now=T0 + t) for t in (0, 0, 0, 20, 20)]
+            want = [engine.evaluate([gcra], now=T0 + t) for t in (0, 0, 0, 20, 20)]
+            assert [d.allowed for d in got] == [True, True, False, True, False]
+            assert [(d.allowed, d.retry_after) for d in got] == [
+                (d.allowed, d.retry_after) for d in want
+            ]
+    finally:
+        contract.batch_source.cache_clear()
