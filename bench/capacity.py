@@ -31,14 +31,19 @@ LIMIT = 1_000  # per minute per client: random clients stay far below it, every 
 
 
 def _ours_args(sha: str, algorithms: list[str], stats: bool, tag: str) -> list[str]:
-    from ratelimits.engine.keys import ALGORITHM_CODES
+    """The arguments RedisEngine sends (`contract.encode`), with redis-benchmark's random
+    client in each key's hash tag; now_us stays empty (server time)."""
+    from ratelimits.engine import Limit
+    from ratelimits.engine.contract import encode
+    from ratelimits.engine.registry import REGISTRY
 
-    keys = [f"rl:{{__rand_int__}}:{ALGORITHM_CODES[a]}" for a in algorithms]
-    args = ["", "bench-token", "rl:version" if stats else "", "rl:s:" if stats else ""]
-    for i, algorithm in enumerate(algorithms):
-        args += [algorithm, str(LIMIT), str(PERIOD_US), str(LIMIT), "1", "0", f"{tag}{i}",
-                 "203.0.113.7"]
-    return ["EVALSHA", sha, str(len(keys)), *keys, *args]
+    limits = [Limit("203.0.113.7", a, LIMIT, PERIOD_US / 1_000_000, name=f"{tag}{i}")
+              for i, a in enumerate(algorithms)]
+    _, args, _ = encode(limits, prefix="rl:", version_key="rl:version" if stats else None,
+                        stats=stats)
+    keys = [f"rl:{{__rand_int__}}:{REGISTRY[a].code}" for a in algorithms]
+    argv = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+    return ["EVALSHA", sha, str(len(keys)), *keys, *argv]
 
 
 def _benchmark(client, command: list[str], requests: int) -> tuple[float, float]:
@@ -123,8 +128,8 @@ def run(quick: bool = False) -> Section:
         f"`redis-benchmark -c {CLIENTS} -n {requests:,} -r {KEYSPACE:,} --csv EVALSHA <sha> "
         "<numkeys> <keys> <args>` against the local server; median of "
         f"{rounds} interleaved runs per row. Our rows send the real batch script with the "
-        "argument layout of `RedisEngine` (now_us empty = server `TIME`, token, version "
-        f"key, counter prefix, then 8 values per limit); {LIMIT:,} per minute per client, "
+        "arguments `RedisEngine` sends, built by the same `contract.encode` (now_us empty = "
+        f"server `TIME`); {LIMIT:,} per minute per client, "
         "so every decision admits and writes. Client: redis-benchmark (it passes the empty "
         "now_us argument as a zero-length bulk string; no Python client was needed). Both "
         "redis-server and redis-benchmark are single-threaded, one core each of the two."

@@ -37,19 +37,19 @@ def _settle(client) -> int:
 def _ours_write(client, algorithm: str, clients: int, period: float, tag: str) -> None:
     """Pipelined decisions of the batch script, exactly the arguments RedisEngine sends."""
     from ratelimits.engine import Limit
-    from ratelimits.engine.keys import base_key, burst_of, period_us
-    from ratelimits.engine.redis_backend import batch_source
+    from ratelimits.engine.contract import batch_source, encode
 
     script = client.register_script(batch_source())
-    script(keys=["rl:{warm}:g"], args=["", "t", "", "", "gcra", 1, 1000, 1, 1, 0, "", ""])
-    client.delete("rl:{warm}:g")
+    warm = Limit("warm", "gcra", 1, 0.001)
+    keys, args, _ = encode([warm], prefix="rl:", stats=False)
+    script(keys=keys, args=args)
+    client.delete(*keys)
     pipe = client.pipeline(transaction=False)
     for i in range(clients):
         limit = Limit(f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}", algorithm, 100, period,
                       name=tag)
-        args = ["", f"tok{i}", "", "", algorithm, limit.limit, period_us(limit),
-                burst_of(limit), 1, 0, tag, limit.key]
-        script(keys=[base_key("rl:", limit)], args=args, client=pipe)
+        keys, args, _ = encode([limit], prefix="rl:", stats=False)
+        script(keys=keys, args=args, client=pipe)
         if i % BATCH == BATCH - 1:
             pipe.execute()
     pipe.execute()

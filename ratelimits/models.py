@@ -9,7 +9,8 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
-from ratelimits.engine.types import ALGORITHMS, BURST_ALGORITHMS, Limit
+from ratelimits.engine.registry import BURST_ALGORITHMS, REGISTRY
+from ratelimits.engine.types import Limit
 
 _METHOD = re.compile(r"^[A-Z]+$")
 # `\Z`, not `$`: `$` also matches before a final newline, and the name reaches
@@ -41,7 +42,7 @@ class OnError(models.TextChoices):
     LOCAL = "local", "decide in this process"
 
 
-ALGORITHM_CHOICES = [(a, a.replace("_", " ")) for a in ALGORITHMS]
+ALGORITHM_CHOICES = [(entry.name, entry.label) for entry in REGISTRY.values()]
 
 
 def name_error(name: object) -> str | None:
@@ -203,11 +204,13 @@ class Policy(models.Model):
         except ValueError as exc:
             add("path", str(exc))
 
-        if self.burst is not None and self.algorithm not in BURST_ALGORITHMS:
+        spec = REGISTRY.get(self.algorithm)
+        if self.burst is not None and spec is not None and not spec.has_burst:
+            choices = [REGISTRY[name].label for name in BURST_ALGORITHMS]
             add(
                 "burst",
-                f"{self.algorithm.replace('_', ' ')} has no burst; clear it or choose "
-                "token bucket, leaky bucket or gcra.",
+                f"{spec.label} has no burst; clear it or choose "
+                f"{', '.join(choices[:-1])} or {choices[-1]}.",
             )
         elif None not in (self.limit, self.period, self.cost):
             try:
@@ -245,12 +248,13 @@ class Policy(models.Model):
         """The rate as an operator reads it: "100 per minute, burst 20"."""
         if self.limit is None:
             return ""
-        if self.algorithm == "concurrency":
+        spec = REGISTRY.get(self.algorithm)
+        if spec is not None and spec.holds_slots:
             text = f"{self.limit} at a time"
         else:
             text = f"{self.limit} per {human_period(self.period or 1)}"
         if self.burst is not None:
-            text += f", {'queue' if self.algorithm == 'leaky_bucket' else 'burst'} {self.burst}"
+            text += f", {spec.burst_word if spec else 'burst'} {self.burst}"
         if self.cost and self.cost != 1:
             text += f", cost {self.cost}"
         return text

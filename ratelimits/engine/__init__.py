@@ -3,7 +3,8 @@
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.memory import MemoryEngine
 from ratelimits.engine.redis_backend import RedisEngine
-from ratelimits.engine.types import ALGORITHMS, Decision, Limit, Result
+from ratelimits.engine.registry import ALGORITHMS
+from ratelimits.engine.types import Decision, Limit, Result
 
 __all__ = [
     "ALGORITHMS",

@@ -13,27 +13,32 @@ import os
 import threading
 from functools import lru_cache
 
+from ratelimits.engine.constants import (
+    OFFENDER_CHARS,
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
+    STATS_TTL,
+    US,
+)
+from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Limit
 
-#: Short per-algorithm suffixes keep keys small (memory per idle key matters at scale).
-ALGORITHM_CODES: dict[str, str] = {
-    "fixed_window": "fw",
-    "sliding_window": "sw",
-    "sliding_log": "sl",
-    "token_bucket": "tb",
-    "leaky_bucket": "lb",
-    "gcra": "g",
-    "concurrency": "c",
-}
-
-US = 1_000_000
-#: Per-policy counters are kept this long (seconds): a day plus an hour of slack.
-STATS_TTL = 25 * 3600
-#: Each policy's top offenders: one list per hour, kept two hours, at most this many.
-OFFENDERS_TTL = 2 * 3600
-OFFENDERS_CAP = 100
-#: An offender is listed under the first this many characters of its identity.
-OFFENDER_CHARS = 200
+# The constants are re-exported: they are the figures of this key layout.
+__all__ = [
+    "OFFENDERS_CAP",
+    "OFFENDERS_TTL",
+    "OFFENDER_CHARS",
+    "STATS_TTL",
+    "US",
+    "base_key",
+    "guaranteed",
+    "new_token",
+    "offender_errors_key",
+    "offenders_key",
+    "period_us",
+    "stats_key",
+    "to_us",
+]
 
 
 def base_key(prefix: str, limit: Limit) -> str:
@@ -45,11 +50,7 @@ def base_key(prefix: str, limit: Limit) -> str:
 def _base_key(prefix: str, name: str, key: str, algorithm: str) -> str:
     raw = name.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
     digest = base64.urlsafe_b64encode(hashlib.blake2b(raw, digest_size=12).digest())
-    return f"{prefix}{{{digest.decode('ascii')}}}:{ALGORITHM_CODES[algorithm]}"
-
-
-#: Algorithms that store one member per admitted unit, named by the request's token.
-TOKEN_ALGORITHMS = frozenset({"sliding_log", "concurrency"})
+    return f"{prefix}{{{digest.decode('ascii')}}}:{REGISTRY[algorithm].code}"
 
 
 def stats_key(prefix: str, name: str, minute: int) -> str:
@@ -62,15 +63,22 @@ def offenders_key(prefix: str, name: str, hour: int) -> str:
     return f"{prefix}s:{name}:h{hour}"
 
 
+def offender_errors_key(prefix: str, name: str, hour: int) -> str:
+    """Beside the offenders of one hour: the count each entrant of a full list inherited
+    (its error), for members that have one."""
+    return f"{offenders_key(prefix, name, hour)}:e"
+
+
+def guaranteed(counts: dict[str, int], errors: dict[str, int], n: int) -> list[tuple[str, int]]:
+    """The `n` offenders with the highest guaranteed counts (count minus error), highest
+    first, ties by the greatest identity (as ZREVRANGE orders them)."""
+    ranked = sorted(((who, c - errors.get(who, 0)) for who, c in counts.items()),
+                    key=lambda kv: (kv[1], kv[0]), reverse=True)
+    return ranked[:n]
+
+
 def period_us(limit: Limit) -> int:
     return max(1, round(limit.period * US))
-
-
-def burst_of(limit: Limit) -> int:
-    """The burst the algorithms use: `limit` when unset, except 0 for the leaky bucket."""
-    if limit.burst is not None:
-        return limit.burst
-    return 0 if limit.algorithm == "leaky_bucket" else limit.limit
 
 
 def to_us(now: float) -> int:

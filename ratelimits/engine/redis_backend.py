@@ -4,39 +4,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import redis
 
-from ratelimits.engine.assemble import FIELDS, assemble
+from ratelimits.engine.algorithms import member
 from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.contract import batch_source, decode, encode, renew_source
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keys import (
-    OFFENDER_CHARS,
-    TOKEN_ALGORITHMS,
     US,
     base_key,
-    burst_of,
-    new_token,
+    guaranteed,
+    offender_errors_key,
     offenders_key,
     period_us,
     stats_key,
     to_us,
 )
-from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.types import Decision, Limit, Outcome
 
-#: One file per algorithm (see lua/prelude.lua for how they are joined).
-ALGORITHM_FILES = (
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "leaky_bucket",
-    "gcra",
-    "concurrency",
-)
+__all__ = ["UNAVAILABLE_ERRORS", "RedisEngine", "batch_source"]
 
 #: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
@@ -45,34 +34,6 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ReadOnlyError,
     redis.BusyLoadingError,
 )
-
-
-def _dispatcher(name: str, params: str, bodies: dict[str, str]) -> str:
-    lines = [f"local function {name}(algorithm, {params})"]
-    for i, (algorithm, body) in enumerate(bodies.items()):
-        lines.append(f"  {'if' if i == 0 else 'elseif'} algorithm == '{algorithm}' then")
-        lines += [f"    {line}" if line else "" for line in body.strip("\n").split("\n")]
-    lines += ["  else", "    error('unknown algorithm ' .. tostring(algorithm))", "  end", "end"]
-    return "\n".join(lines)
-
-
-@lru_cache(maxsize=1)
-def batch_source() -> str:
-    """The batch script: the prelude, the check and commit dispatchers, the entry point."""
-    lua = resources.files("ratelimits.engine") / "lua"
-    checks, commits = {}, {}
-    for algorithm in ALGORITHM_FILES:
-        text = (lua / f"{algorithm}.lua").read_text("utf-8")
-        _, _, bodies = text.partition("--[[check]]")
-        checks[algorithm], _, commits[algorithm] = bodies.partition("--[[commit]]")
-    return "\n".join(
-        (
-            (lua / "prelude.lua").read_text("utf-8"),
-            _dispatcher("check", "key, now, L, P, B, c", checks),
-            _dispatcher("commit", "key, now, L, P, B, c, r, token", commits),
-            (lua / "batch.lua").read_text("utf-8"),
-        )
-    )
 
 
 class RedisEngine:
@@ -97,36 +58,22 @@ class RedisEngine:
         self.prefix = prefix
         self.version_key = version_key
         self._script = client.register_script(batch_source())
-        self._head = ["", "", version_key or "", f"{prefix}s:" if stats else ""]
+        self._renew_script: Any = None
+        self.stats = stats
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
-        args: list[Any] = self._head.copy()
-        if now is not None:
-            args[0] = to_us(now)
-        token = None
-        keys = []
-        for limit in limits:
-            keys.append(base_key(self.prefix, limit))
-            if token is None and limit.algorithm in TOKEN_ALGORITHMS:
-                token = args[1] = new_token()
-            args += (
-                limit.algorithm,
-                limit.limit,
-                period_us(limit),
-                burst_of(limit),
-                limit.cost,
-                1 if limit.shadow else 0,
-                limit.name,
-                limit.key[:OFFENDER_CHARS].encode("utf-8", "surrogatepass"),
-            )
+        keys, args, token = encode(
+            limits, prefix=self.prefix, now=now, version_key=self.version_key,
+            stats=self.stats,
+        )
         reply = self._run(keys, args)
-        if len(reply) != 3 + FIELDS * len(limits):
-            raise EngineError(f"unexpected reply from the batch script: {reply!r}")
-        version = int(reply[0]) if self.version_key else None
-        return assemble(limits, reply[3:], admitted=reply[1] == 1, version=version, token=token)
+        try:
+            return decode(limits, reply, versioned=bool(self.version_key), token=token)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
 
     def _run(self, keys: list[str], args: list[Any]) -> Any:
         breaker = self.breaker
@@ -154,8 +101,8 @@ class RedisEngine:
             return  # the slots expire by themselves after their period
         pipe = self.client.pipeline(transaction=False)
         for result in decision.results:
-            if result.limit.algorithm == "concurrency" and result.allowed:
-                members = [f"{decision.token}:{i}" for i in range(1, result.limit.cost + 1)]
+            if result.limit.spec.holds_slots and result.allowed:
+                members = [member(decision.token, i) for i in range(1, result.limit.cost + 1)]
                 pipe.zrem(base_key(self.prefix, result.limit), *members)
         try:
             pipe.execute()
@@ -192,23 +139,28 @@ class RedisEngine:
         """`offenders()` of many (name, hour) pairs in one pipelined round trip."""
         pipe = self.client.pipeline(transaction=False)
         for name, hour in wanted:
-            pipe.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1, withscores=True)
-        return [
-            [(k.decode("utf-8", "surrogatepass") if isinstance(k, bytes) else k, int(v))
-             for k, v in raw]
-            for raw in pipe.execute()
-        ]
+            # a list holds at most OFFENDERS_CAP members: read it whole to rank it
+            pipe.zrange(offenders_key(self.prefix, name, hour), 0, -1, withscores=True)
+            pipe.hgetall(offender_errors_key(self.prefix, name, hour))
+        replies = pipe.execute()
+        out = []
+        for raw, raw_errors in zip(replies[::2], replies[1::2], strict=True):
+            counts = {_text(k): int(v) for k, v in raw}
+            errors = {_text(k): int(v) for k, v in raw_errors.items()}
+            out.append(guaranteed(counts, errors, n))
+        return out
 
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
-        """The clients one policy refused most (with would-be refusals) in one hour."""
-        raw = self.client.zrevrange(offenders_key(self.prefix, name, hour), 0, n - 1,
-                                    withscores=True)
-        return [(k.decode("utf-8", "surrogatepass") if isinstance(k, bytes) else k, int(v))
-                for k, v in raw]
+        """The clients one policy refused most (with would-be refusals) in one hour, by
+        guaranteed count: refusals each one certainly had (see `keys.guaranteed`)."""
+        return self.offenders_many([(name, hour)], n)[0]
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
         key = base_key(self.prefix, limit)
+        if not REGISTRY[limit.algorithm].windowed:
+            self.client.delete(key)
+            return
         if now is None:
             seconds, micros = self.client.time()
             now_us = seconds * US + micros
@@ -217,38 +169,9 @@ class RedisEngine:
         win = math.floor(now_us / period_us(limit))
         self.client.delete(key, f"{key}:{win}", f"{key}:{win - 1}")
 
-    #: renew(): per key, drop the slots already expired (reclaimed: they must not come
-    #: back), push the expiry of the named ones still held (XX: a released slot stays
-    #: gone; GT: never shortened), and keep the key itself alive as long.
-    #: ARGV: now_us ('' = server time), then per key: period_us, member count, members.
-    _RENEW_SOURCE = """
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local o = 2
-for i = 1, #KEYS do
-  local key, period, n = KEYS[i], tonumber(ARGV[o]), tonumber(ARGV[o + 1])
-  local score = string.format('%.17g', now + period)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.17g', now))
-  local args = {}
-  for j = 1, n do
-    args[#args + 1] = score
-    args[#args + 1] = ARGV[o + 1 + j]
-  end
-  if redis.call('ZADD', key, 'XX', 'GT', 'CH', unpack(args)) > 0 then
-    local ms = math.ceil(period / 1000)
-    if ms < 1 then ms = 1 end
-    redis.call('PEXPIRE', key, ms, 'GT')
-  end
-  o = o + 2 + n
-end
-return 1
-"""
 
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
-        """Keep the concurrency slots these decisions hold for another `period` from now.
+        """Keep the slots these decisions hold for another `period` from now.
 
         One round trip for all of them. Slots already released or expired stay gone.
         Raises EngineUnavailable when the store is out of reach.
@@ -260,21 +183,22 @@ return 1
                 continue
             for result in decision.results:
                 limit = result.limit
-                if limit.algorithm != "concurrency" or result.outcome != "a":
+                if not limit.spec.holds_slots or result.outcome is not Outcome.ADMITTED:
                     continue
                 keys.append(base_key(self.prefix, limit))
                 args += (period_us(limit), limit.cost)
-                args += [f"{decision.token}:{i}" for i in range(1, limit.cost + 1)]
+                args += [member(decision.token, i) for i in range(1, limit.cost + 1)]
         if not keys:
             return
-        script = self.__dict__.get("_renew_script")
-        if script is None:
-            script = self.__dict__["_renew_script"] = self.client.register_script(
-                self._RENEW_SOURCE
-            )
+        if self._renew_script is None:  # built on first use: most sites hold no slots
+            self._renew_script = self.client.register_script(renew_source())
         try:
-            script(keys=keys, args=args)
+            self._renew_script(keys=keys, args=args)
         except UNAVAILABLE_ERRORS as exc:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw

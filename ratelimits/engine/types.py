@@ -5,18 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-ALGORITHMS: tuple[str, ...] = (
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "leaky_bucket",
-    "gcra",
-    "concurrency",
-)
-
-#: Algorithms whose capacity is `burst` rather than `limit`.
-BURST_ALGORITHMS: frozenset[str] = frozenset({"token_bucket", "leaky_bucket", "gcra"})
+from ratelimits.engine.registry import ALGORITHMS, BURST_ALGORITHMS, REGISTRY, Algorithm
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +27,7 @@ class Limit:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
+        if self.algorithm not in REGISTRY:
             raise ValueError(
                 f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALGORITHMS)}"
             )
@@ -49,7 +38,7 @@ class Limit:
         if not isinstance(self.cost, int) or isinstance(self.cost, bool) or self.cost < 1:
             raise ValueError(f"cost must be an integer of at least 1, got {self.cost!r}")
         if self.burst is not None:
-            if self.algorithm not in BURST_ALGORITHMS:
+            if not self.spec.has_burst:
                 raise ValueError(
                     f"burst applies only to {', '.join(sorted(BURST_ALGORITHMS))}, "
                     f"not to {self.algorithm}"
@@ -63,17 +52,14 @@ class Limit:
             )
 
     @property
-    def capacity(self) -> int:
-        """Units one client may consume at once: `burst` for buckets, else `limit`.
+    def spec(self) -> Algorithm:
+        """This limit's algorithm: its facts and functions (see `registry`)."""
+        return REGISTRY[self.algorithm]
 
-        A leaky bucket's queue defaults to 0 (no queueing), but it always lets one
-        request through on an empty bucket, so its capacity is `limit` when burst is 0.
-        """
-        if self.algorithm in BURST_ALGORITHMS:
-            if self.algorithm == "leaky_bucket":
-                return max(self.burst or 0, self.limit)
-            return self.burst if self.burst is not None else self.limit
-        return self.limit
+    @property
+    def capacity(self) -> int:
+        """Units one client may consume at once (see `Algorithm.capacity`)."""
+        return REGISTRY[self.algorithm].capacity(self)
 
 
 class Outcome(str, enum.Enum):

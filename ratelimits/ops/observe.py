@@ -18,6 +18,11 @@ from ratelimits.pipeline import store
 
 MINUTE = 60
 HOUR = 3600
+#: What the offenders' counts mean, for every place that shows them.
+OFFENDERS_NOTE = (
+    "Counts are guaranteed minimums: at least that many refusals. A client that entered "
+    "a full list is counted from its entry, so its count is a lower bound."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +97,12 @@ def offenders(
     name: str, n: int = 10, *, now: float | None = None, engine: Any = None
 ) -> list[tuple[str, int]]:
     """The clients this policy refused (or would have) most in the current and previous
-    clock hour, merged, most first. One round trip."""
+    clock hour, merged, most first. One round trip.
+
+    Each count is guaranteed: the client was refused at least that many times. A client
+    that entered a full list (it keeps the busiest `OFFENDERS_CAP` per hour) is counted
+    from then on, so its count is a lower bound; rotating identities cannot push one
+    above what it earned. See `OFFENDERS_NOTE`."""
     engine = engine or store.get_engine()
     hour = int((time.time() if now is None else now) // HOUR)
     merged: dict[str, int] = {}

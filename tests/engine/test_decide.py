@@ -7,6 +7,7 @@ import random
 import pytest
 
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
+from ratelimits.engine.registry import REGISTRY
 from tests.engine.conftest import T0
 
 
@@ -17,7 +18,7 @@ def _limits(rng: random.Random, client: str) -> list[Limit]:
         algorithm = rng.choice(ALGORITHMS)
         limit = rng.randint(1, 6)
         burst = rng.choice([None, limit + rng.randint(0, 3)])
-        if algorithm not in ("token_bucket", "leaky_bucket", "gcra"):
+        if not REGISTRY[algorithm].has_burst:
             burst = None
         out.append(
             Limit(

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine
+from ratelimits.engine.registry import REGISTRY
 from tests.engine.conftest import T0
 
 _run = itertools.count()
@@ -20,8 +21,10 @@ def limits(draw):
     limit = draw(st.integers(1, 20))
     period = draw(st.sampled_from([0.5, 1, 7, 60, 3600]))
     burst = None
-    if algorithm in ("token_bucket", "gcra", "leaky_bucket") and draw(st.booleans()):
-        burst = draw(st.integers(1 if algorithm != "leaky_bucket" else 0, 25))
+    spec = REGISTRY[algorithm]
+    if spec.has_burst and draw(st.booleans()):
+        # a queue may be empty; a bucket of capacity 0 could admit nothing
+        burst = draw(st.integers(0 if spec.delays else 1, 25))
     shadow = draw(st.booleans())
     return Limit("k", algorithm, limit, period, burst=burst, shadow=shadow)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 
 import pytest
 import redis
@@ -11,6 +12,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine
+from ratelimits.engine.keys import (
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
+    STATS_TTL,
+    offender_errors_key,
+    offenders_key,
+)
 from tests.engine.conftest import T0
 
 KEY = re.compile(r"^rl:\{[A-Za-z0-9_-]{16}\}:[a-z]{1,2}(:\d+)?$")
@@ -27,20 +35,24 @@ def engine(redis_client):
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_key_has_a_ttl_no_longer_than_needed(engine, redis_client, algorithm):
-    engine.evaluate([limit_for(algorithm)])
+    """Each key lives exactly as long as its state matters: until the limit is reset."""
+    decision = engine.evaluate([limit_for(algorithm)], now=T0 + 10)
+    reset_ms = decision.results[0].reset_after * 1000
+    assert 10_000 <= reset_ms <= 120_000  # two periods at most (the previous window)
     keys = [k.decode() for k in redis_client.keys("rl:{*")]
-    assert keys
+    assert len(keys) == 1
     for key in keys:
         assert KEY.match(key), key
         ttl = redis_client.pttl(key)
-        # two periods at most: the sliding window keeps the previous window's count
-        assert 0 < ttl <= 120_000, (key, ttl)
+        # not a millisecond more than the state needs, and no less (a second of slack
+        # for the time this test takes)
+        assert reset_ms - 1_000 < ttl <= reset_ms, (key, ttl, reset_ms)
 
 
-def test_stats_keys_expire_after_a_day(engine, redis_client):
+def test_stats_keys_expire_after_a_day_and_an_hour(engine, redis_client):
     engine.evaluate([limit_for("gcra")])
     (key,) = redis_client.keys("rl:s:*")
-    assert 24 * 3600 < redis_client.ttl(key) <= 25 * 3600
+    assert STATS_TTL - 5 < redis_client.ttl(key) <= STATS_TTL
 
 
 @pytest.mark.parametrize(
@@ -62,13 +74,26 @@ def test_limits_of_one_policy_and_client_share_a_hash_slot(engine, redis_client)
     assert len({k.split(b"}")[0] for k in keys}) == 1
 
 
-def test_time_comes_from_the_server(engine, redis_client):
-    decision = engine.evaluate([Limit("c", "fixed_window", 1, 3600)])
+def test_time_comes_from_the_server(engine, redis_client, monkeypatch):
+    """With this host's clock a day and half an hour ahead, the Redis engine still decides
+    on the server's clock: the window, its reset time, the key's TTL, the counters' minute
+    and reset()."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86_400 + 1_800)
+    limit = Limit("c", "fixed_window", 1, 3600, name="p")
+    decision = engine.evaluate([limit])
     server_now = redis_client.time()[0]
-    assert 0 < decision.results[0].reset_after <= 3600
+    assert abs(time.time() - server_now - 88_200) < 5  # the shift is in force
     expected = 3600 - server_now % 3600
     assert abs(decision.results[0].reset_after - expected) <= 2
-    assert abs(server_now - time.time()) < 5
+    (key,) = (k.decode() for k in redis_client.keys("rl:{*"))
+    assert key.endswith(f":{server_now // 3600}")  # the server's hour names the window
+    assert abs(redis_client.pttl(key) / 1000 - expected) <= 2
+    (stats,) = (k.decode() for k in redis_client.keys("rl:s:*"))
+    assert abs(int(stats.rsplit(":", 1)[1]) - server_now // 60) <= 1
+    assert not engine.evaluate([limit]).allowed
+    engine.reset(limit)  # the server's current window is the one forgotten
+    assert engine.evaluate([limit]).allowed
 
 
 def test_script_flush_is_survived(engine, redis_client):
@@ -100,3 +125,16 @@ def test_an_unreachable_server_raises_engine_unavailable():
     engine = RedisEngine(client)
     with pytest.raises(EngineUnavailable):
         engine.evaluate([limit_for("gcra")])
+
+
+def test_offender_lists_and_their_errors_are_bounded_and_expire(engine, redis_client):
+    limit = Limit("", "fixed_window", 1, 60, name="p")
+    for i in range(OFFENDERS_CAP + 30):  # a full list, then 30 entrants with an error
+        for _ in range(2):
+            engine.evaluate([replace(limit, key=f"c{i}")], now=T0)
+    hour = int(T0 // 3600)
+    members, errors = offenders_key("rl:", "p", hour), offender_errors_key("rl:", "p", hour)
+    assert redis_client.zcard(members) == OFFENDERS_CAP
+    assert 0 < redis_client.hlen(errors) <= OFFENDERS_CAP
+    for key in (members, errors):
+        assert OFFENDERS_TTL - 5 < redis_client.ttl(key) <= OFFENDERS_TTL, key

@@ -1,53 +1,55 @@
 -- Entry point: check every limit, then charge only if every enforced limit admits.
--- ARGV: now_us ('' = server time), token, version key ('' = none), stats prefix
--- ('' = no counters), then per limit: algorithm, limit, period_us, burst, cost,
--- shadow (0/1), name, client identity. KEYS: one base key per limit.
+-- The argument layout is generated from contract.py: ARGV holds HEAD values (now_us,
+-- '' = server time; token; version key, '' = none; stats prefix, '' = no counters), then
+-- PER_LIMIT values per limit at the offsets ARG_*; KEYS holds one base key per limit.
 -- Returns {version, admitted, now_us, then per limit: allowed, remaining, reset_after,
 -- retry_after, delay, outcome (the counter's field: a, r, w or o)}.
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = tonumber(t[1]) * US + tonumber(t[2])
 end
 local token, version_key, stats = ARGV[2], ARGV[3], ARGV[4]
 local n = #KEYS
 local checks, admitted = {}, 1
 for i = 1, n do
-  local o = 4 + (i - 1) * 8
-  local r = check(ARGV[o + 1], KEYS[i], now, tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
-    tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5]))
+  local o = HEAD + (i - 1) * PER_LIMIT
+  local r = check(ARGV[o + ARG_ALGORITHM], KEYS[i], now, tonumber(ARGV[o + ARG_LIMIT]),
+    tonumber(ARGV[o + ARG_PERIOD_US]), tonumber(ARGV[o + ARG_BURST]),
+    tonumber(ARGV[o + ARG_COST]))
   checks[i] = r
-  if r[1] == 0 and ARGV[o + 6] == '0' then admitted = 0 end
+  if r[1] == 0 and ARGV[o + ARG_SHADOW] == '0' then admitted = 0 end
 end
 local version = 0
 if version_key ~= '' then version = tonumber(redis.call('GET', version_key)) or 0 end
 local out = {version, admitted, now}
 local minute  -- formatted on first use: most calls of an app without counters skip it
 for i = 1, n do
-  local o = 4 + (i - 1) * 8
+  local o = HEAD + (i - 1) * PER_LIMIT
   local r = checks[i]
-  local c = tonumber(ARGV[o + 5])
+  local c = tonumber(ARGV[o + ARG_COST])
   local field
   if r[1] == 1 and admitted == 1 then
-    commit(ARGV[o + 1], KEYS[i], now, tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
-      tonumber(ARGV[o + 4]), c, r, token)
+    commit(ARGV[o + ARG_ALGORITHM], KEYS[i], now, tonumber(ARGV[o + ARG_LIMIT]),
+      tonumber(ARGV[o + ARG_PERIOD_US]), tonumber(ARGV[o + ARG_BURST]), c, r, token)
     field = 'a'
   elseif r[1] == 1 then
     r[2] = r[2] + c  -- not charged: the units it would have taken are still there
     field = 'o'
-  elseif ARGV[o + 6] == '1' then
+  elseif ARGV[o + ARG_SHADOW] == '1' then
     field = 'w'
   else
     field = 'r'
   end
-  if stats ~= '' and ARGV[o + 7] ~= '' then
-    minute = minute or string.format('%d', math.floor(now / 60000000))
-    local sk = stats .. ARGV[o + 7] .. ':' .. minute
+  local name = ARGV[o + ARG_NAME]
+  if stats ~= '' and name ~= '' then
+    minute = minute or string.format('%d', math.floor(now / (60 * US)))
+    local sk = stats .. name .. ':' .. minute
     -- a new field (first of its key, or first of its kind) sets the expiry; others skip it
     if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, STATS_TTL) end
     if field == 'r' or field == 'w' then
-      offend(stats .. ARGV[o + 7] .. ':h' .. string.format('%d', math.floor(now / 3600000000)),
-        ARGV[o + 8])
+      offend(stats .. name .. ':h' .. string.format('%d', math.floor(now / (3600 * US))),
+        ARGV[o + ARG_WHO])
     end
   end
   local j = #out

@@ -7,7 +7,7 @@ if n + c <= L then
   return {1, L - n - c, P, 0, 0}
 end
 -- slots free when requests finish; the hint is the sooner of 1 s and the expiry
-local hint = 1000000
+local hint = CONCURRENCY_RETRY
 if P < hint then hint = P end
 return {0, floor0(L - n), P, hint, 0}
 --[[commit]]

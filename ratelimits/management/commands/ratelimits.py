@@ -281,7 +281,10 @@ class Command(BaseCommand):
         if not recent:
             return "It refused no client in the last two hours."
         shown = ", ".join(f"{display_identity(who)} ({n:,})" for who, n in recent)
-        return f"Clients it refused most in the last two hours: {shown}."
+        return (
+            f"Clients it refused most in the last two hours: {shown}. "
+            f"{observe.OFFENDERS_NOTE}"
+        )
 
     # -- replay ---------------------------------------------------------------------------
 

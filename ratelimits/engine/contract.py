@@ -1,0 +1,199 @@
+"""The contract between Python and the batch script, written once: the arguments a call
+sends, the values it answers, and the constants both sides compute with.
+
+`RedisEngine` and the benchmarks in `bench/` encode with `encode()`; both backends turn
+their answer into a `Decision` with `assemble()`; `batch_source()` builds the script with
+the constants and the argument offsets generated from this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from ratelimits.engine import constants
+from ratelimits.engine.keys import base_key, new_token, period_us, to_us
+from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.types import Decision, Limit, Outcome, Result
+
+US = constants.US
+
+#: ARGV before the limits: the explicit time ('' = the server's TIME), the request's
+#: token ('' = none needed), the policy-version key ('' = none), the counters' prefix
+#: ('' = no counters).
+HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
+#: ARGV per limit, in this order; KEYS holds one base key per limit.
+LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "name", "who")
+#: The reply's head, then per limit these values.
+REPLY_HEAD = ("version", "admitted", "now_us")
+RESULT_FIELDS = ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
+
+#: Values the script's constants are generated from (Lua name -> Python value).
+LUA_CONSTANTS: dict[str, int | float] = {
+    "US": constants.US,
+    "EPS": constants.EPS,
+    "TOKEN_EPS": constants.TOKEN_EPS,
+    "FLOOR_EPS": constants.FLOOR_EPS,
+    "STATS_TTL": constants.STATS_TTL,
+    "OFFENDERS_TTL": constants.OFFENDERS_TTL,
+    "OFFENDERS": constants.OFFENDERS_CAP,
+    "CONCURRENCY_RETRY": constants.CONCURRENCY_RETRY_US,
+    "HEAD": len(HEAD_ARGS),
+    "PER_LIMIT": len(LIMIT_ARGS),
+}
+
+_ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
+    RESULT_FIELDS.index(f)
+    for f in ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
+)
+FIELDS = len(RESULT_FIELDS)
+OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
+
+
+def lua_constants() -> str:
+    """The `local` declarations the script starts with, one per line."""
+    lines = [f"local {name} = {value!r}" for name, value in LUA_CONSTANTS.items()]
+    # ARGV offsets of one limit's values within its block: ARG_LIMIT = 2 ...
+    lines += [f"local ARG_{name.upper()} = {i}" for i, name in enumerate(LIMIT_ARGS, 1)]
+    return "\n".join(lines)
+
+
+def _dispatcher(name: str, params: str, bodies: dict[str, str]) -> str:
+    lines = [f"local function {name}(algorithm, {params})"]
+    for i, (algorithm, body) in enumerate(bodies.items()):
+        lines.append(f"  {'if' if i == 0 else 'elseif'} algorithm == '{algorithm}' then")
+        lines += [f"    {line}" if line else "" for line in body.strip("\n").split("\n")]
+    lines += ["  else", "    error('unknown algorithm ' .. tostring(algorithm))", "  end", "end"]
+    return "\n".join(lines)
+
+
+@lru_cache(maxsize=1)
+def batch_source() -> str:
+    """The batch script: the generated constants, the prelude, the check and commit
+    dispatchers (one branch per registered algorithm), the entry point."""
+    lua = resources.files("ratelimits.engine") / "lua"
+    checks, commits = {}, {}
+    for entry in REGISTRY.values():
+        text = (lua / entry.lua).read_text("utf-8")
+        _, _, bodies = text.partition("--[[check]]")
+        checks[entry.name], _, commits[entry.name] = bodies.partition("--[[commit]]")
+    return "\n".join(
+        (
+            "-- generated from ratelimits/engine/contract.py",
+            lua_constants(),
+            (lua / "prelude.lua").read_text("utf-8"),
+            _dispatcher("check", "key, now, L, P, B, c", checks),
+            _dispatcher("commit", "key, now, L, P, B, c, r, token", commits),
+            (lua / "batch.lua").read_text("utf-8"),
+        )
+    )
+
+
+@lru_cache(maxsize=1)
+def renew_source() -> str:
+    """The script that keeps running requests' slots (see lua/renew.lua)."""
+    lua = resources.files("ratelimits.engine") / "lua"
+    return "\n".join(
+        (
+            "-- generated from ratelimits/engine/contract.py",
+            lua_constants(),
+            (lua / "prelude.lua").read_text("utf-8"),
+            (lua / "renew.lua").read_text("utf-8"),
+        )
+    )
+
+
+def encode(
+    limits: Sequence[Limit],
+    *,
+    prefix: str,
+    now: float | None = None,
+    version_key: str | None = None,
+    stats: bool = True,
+) -> tuple[list[str], list[Any], str | None]:
+    """KEYS and ARGV of one batch call, and the token drawn for it (None when no limit
+    stores named members)."""
+    args: list[Any] = [
+        "" if now is None else to_us(now),
+        "",
+        version_key or "",
+        f"{prefix}s:" if stats else "",
+    ]
+    token = None
+    keys = []
+    for limit in limits:
+        spec = REGISTRY[limit.algorithm]
+        keys.append(base_key(prefix, limit))
+        if token is None and spec.stores_members:
+            token = args[1] = new_token()
+        args += (
+            limit.algorithm,
+            limit.limit,
+            period_us(limit),
+            spec.burst_of(limit),
+            limit.cost,
+            1 if limit.shadow else 0,
+            limit.name,
+            limit.key[: constants.OFFENDER_CHARS].encode("utf-8", "surrogatepass"),
+        )
+    return keys, args, token
+
+
+def decode(
+    limits: Sequence[Limit], reply: Sequence[Any], *, versioned: bool, token: str | None
+) -> Decision:
+    """The batch script's reply as a `Decision`; ValueError when it is not one."""
+    head = len(REPLY_HEAD)
+    if not isinstance(reply, list) or len(reply) != head + FIELDS * len(limits):
+        raise ValueError(f"unexpected reply from the batch script: {reply!r}")
+    version = int(reply[REPLY_HEAD.index("version")]) if versioned else None
+    admitted = reply[REPLY_HEAD.index("admitted")] == 1
+    return assemble(limits, reply[head:], admitted=admitted, version=version, token=token)
+
+
+def assemble(
+    limits: Sequence[Limit],
+    raw: Sequence[Any],
+    *,
+    admitted: bool,
+    version: int | None,
+    token: str | None,
+) -> Decision:
+    """`raw` holds, per limit, the `RESULT_FIELDS` (times in µs; the outcome is its
+    counter field: a, r, w or o). Both backends end here."""
+    results = []
+    retry_us = 0
+    delay = 0.0
+    holds = False
+    for i, limit in enumerate(limits):
+        o = i * FIELDS
+        allowed = raw[o + _ALLOWED] == 1
+        field = raw[o + _OUTCOME]
+        outcome = OUTCOMES[field.decode() if isinstance(field, bytes) else field]
+        result = Result(
+            limit=limit,
+            allowed=allowed,
+            remaining=max(0, int(raw[o + _REMAINING])),
+            reset_after=raw[o + _RESET] / US,
+            retry_after=raw[o + _RETRY] / US,
+            delay=raw[o + _DELAY] / US,
+            outcome=outcome,
+        )
+        results.append(result)
+        if not limit.shadow:
+            if not allowed:
+                retry_us = max(retry_us, int(raw[o + _RETRY]))
+            elif admitted:
+                delay = max(delay, result.delay)
+        if outcome is Outcome.ADMITTED and REGISTRY[limit.algorithm].holds_slots:
+            holds = True
+    return Decision(
+        allowed=admitted,
+        results=tuple(results),
+        retry_after=0 if admitted else max(1, -(-retry_us // US)),
+        delay=delay,
+        version=version,
+        token=token if holds else None,
+    )

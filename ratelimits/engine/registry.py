@@ -1,0 +1,107 @@
+"""Every algorithm, declared once: its key code, its Lua file, its Python functions and
+the facts the rest of the engine (and the app) asks about it.
+
+A new algorithm is its `lua/<name>.lua`, its `check`/`commit` in `algorithms.py`, one
+entry below, its conformance rows, and a migration for the model's choices. Every list,
+set and dispatch elsewhere derives from `REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ratelimits.engine import algorithms as a
+
+if TYPE_CHECKING:
+    from ratelimits.engine.types import Limit
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """One algorithm and its facts."""
+
+    name: str
+    #: Short suffix of its keys (memory per idle key matters at scale).
+    code: str
+    #: Its file in `ratelimits/engine/lua/` (a check body and a commit body).
+    lua: str
+    check: a.CheckFn
+    commit: a.CommitFn
+    #: Takes a `burst`: a bucket's capacity, or (with `delays`) a queue's length.
+    has_burst: bool = False
+    #: The burst when none is set: None means the limit.
+    default_burst: int | None = None
+    #: Admits a request early with a delay until its turn, up to `burst` queued.
+    delays: bool = False
+    #: Stores one member per admitted unit named by the request's token (Redis sorted sets).
+    stores_members: bool = False
+    #: Holds its units while the request runs: `release()` frees them after the response.
+    holds_slots: bool = False
+    #: Keeps state per aligned window (`<key>:<window>`): `reset()` clears the current and
+    #: previous windows.
+    windowed: bool = False
+    #: Can be replayed from an access log (a log does not say how long a request ran).
+    replayable: bool = True
+
+    @property
+    def label(self) -> str:
+        """How people read the name: "sliding window"."""
+        return self.name.replace("_", " ")
+
+    @property
+    def burst_word(self) -> str:
+        """What its burst is called to an operator: "queue" or "burst"."""
+        return "queue" if self.delays else "burst"
+
+    def burst_of(self, limit: Limit) -> int:
+        """The burst the algorithm computes with: the one set, else its default."""
+        if limit.burst is not None:
+            return limit.burst
+        return limit.limit if self.default_burst is None else self.default_burst
+
+    def capacity(self, limit: Limit) -> int:
+        """Units one client may consume at once.
+
+        `burst` for the buckets; a queueing algorithm always lets one request through an
+        empty queue, so its capacity is at least `limit`; otherwise `limit`.
+        """
+        if not self.has_burst:
+            return limit.limit
+        burst = self.burst_of(limit)
+        return max(burst, limit.limit) if self.delays else burst
+
+
+REGISTRY: dict[str, Algorithm] = {
+    entry.name: entry
+    for entry in (
+        Algorithm("fixed_window", "fw", "fixed_window.lua",
+                  a.fixed_window_check, a.fixed_window_commit, windowed=True),
+        Algorithm("sliding_window", "sw", "sliding_window.lua",
+                  a.sliding_window_check, a.sliding_window_commit, windowed=True),
+        Algorithm("sliding_log", "sl", "sliding_log.lua",
+                  a.sliding_log_check, a.sliding_log_commit, stores_members=True),
+        Algorithm("token_bucket", "tb", "token_bucket.lua",
+                  a.token_bucket_check, a.state_commit, has_burst=True),
+        Algorithm("leaky_bucket", "lb", "leaky_bucket.lua",
+                  a.leaky_bucket_check, a.state_commit, has_burst=True, default_burst=0,
+                  delays=True),
+        Algorithm("gcra", "g", "gcra.lua", a.gcra_check, a.state_commit, has_burst=True),
+        Algorithm("concurrency", "c", "concurrency.lua",
+                  a.concurrency_check, a.concurrency_commit, stores_members=True,
+                  holds_slots=True, replayable=False),
+    )
+}
+
+#: The algorithms' names, in the order operators see them.
+ALGORITHMS: tuple[str, ...] = tuple(REGISTRY)
+#: Those that take a `burst`.
+BURST_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.has_burst)
+
+
+def algorithm(name: str) -> Algorithm:
+    """The entry of `name`, or a ValueError that lists the choices."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    return entry

@@ -1,0 +1,27 @@
+"""The model speaks of the algorithms as the engine's registry declares them."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from ratelimits.engine.registry import REGISTRY
+from ratelimits.models import ALGORITHM_CHOICES, Policy
+
+
+def test_the_choices_are_the_registry():
+    assert [(n, s.label) for n, s in REGISTRY.items()] == ALGORITHM_CHOICES
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_burst_and_wording_follow_the_entry(name):
+    spec = REGISTRY[name]
+    policy = Policy(name="p", algorithm=name, limit=5, period=60, burst=3, key="ip")
+    if spec.has_burst:
+        policy.clean()
+        assert f", {'queue' if spec.delays else 'burst'} 3" in policy.human_rate()
+    else:
+        with pytest.raises(ValidationError, match="has no burst"):
+            policy.clean()
+    policy.burst = None
+    assert policy.human_rate().startswith("5 at a time" if spec.holds_slots else "5 per minute")

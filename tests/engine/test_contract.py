@@ -1,0 +1,66 @@
+"""The Lua contract, written once: generated constants and one argument encoder."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ratelimits.engine import Limit, RedisEngine, constants, contract
+from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
+from ratelimits.engine.keys import base_key
+from tests.engine.conftest import T0
+
+
+def test_the_script_carries_the_python_constants_once():
+    source = contract.batch_source()
+    assert LUA_CONSTANTS["STATS_TTL"] == constants.STATS_TTL == 25 * 3600
+    assert LUA_CONSTANTS["OFFENDERS"] == constants.OFFENDERS_CAP
+    for name, value in LUA_CONSTANTS.items():
+        # declared once, with the Python value: no Lua file mirrors it by hand
+        assert re.findall(rf"^local {name} = (.*)$", source, re.M) == [repr(value)], name
+    for i, field in enumerate(LIMIT_ARGS, 1):
+        assert f"local ARG_{field.upper()} = {i}\n" in source
+
+
+def test_the_script_obeys_a_changed_constant(redis_client, monkeypatch):
+    """The offenders cap reaches Redis from Python: shrink it and the list shrinks."""
+    monkeypatch.setitem(contract.LUA_CONSTANTS, "OFFENDERS", 3)
+    contract.batch_source.cache_clear()
+    try:
+        engine = RedisEngine(redis_client)
+        for i in range(6):
+            limit = Limit(f"c{i}", "fixed_window", 1, 60, name="p")
+            engine.evaluate([limit], now=T0)
+            engine.evaluate([limit], now=T0)
+        assert len(engine.offenders("p", int(T0 // 3600), n=50)) == 3
+    finally:
+        contract.batch_source.cache_clear()
+
+
+def test_encode_puts_each_value_where_its_name_says():
+    limits = [
+        Limit("10.0.0.1", "sliding_log", 5, 60, cost=2, name="a"),
+        Limit("x" * 500, "leaky_bucket", 9, 1.5, shadow=True, name="b"),
+    ]
+    keys, args, token = encode(limits, prefix="rl:", now=T0, version_key="v", stats=True)
+    assert keys == [base_key("rl:", lim) for lim in limits]
+    assert len(args) == len(HEAD_ARGS) + len(LIMIT_ARGS) * len(limits)
+    head = dict(zip(HEAD_ARGS, args, strict=False))
+    assert head == {"now_us": 1_800_000_000_000_000, "token": token, "version_key": "v",
+                    "stats_prefix": "rl:s:"}
+    assert token  # sliding_log names its members after the request's token
+    second = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + len(LIMIT_ARGS):], strict=True))
+    assert second == {"algorithm": "leaky_bucket", "limit": 9, "period_us": 1_500_000,
+                      "burst": 0, "cost": 1, "shadow": 1, "name": "b",
+                      "who": b"x" * constants.OFFENDER_CHARS}
+
+
+def test_no_token_is_drawn_when_no_limit_names_members():
+    _, args, token = encode([Limit("c", "gcra", 5, 60)], prefix="rl:", stats=False)
+    assert token is None and args[:4] == ["", "", "", ""]
+
+
+def test_a_malformed_reply_is_an_engine_error():
+    with pytest.raises(ValueError, match="unexpected reply"):
+        contract.decode([Limit("c", "gcra", 5, 60)], [0, 1, 0], versioned=False, token=None)
