@@ -67,6 +67,6 @@ def local_share(limit: Limit, instances: int) -> Limit:
     burst = limit.burst
     if burst is not None:
         burst = max(
-            limit.cost if limit.algorithm != "leaky_bucket" else 0, math.ceil(burst / instances)
+            0 if limit.spec.delays else limit.cost, math.ceil(burst / instances)  # a queue may be 0
         )
     return dataclasses.replace(limit, limit=share, burst=burst)

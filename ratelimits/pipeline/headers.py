@@ -49,7 +49,7 @@ def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
     if style in ("ietf", "both"):
         name = _sf_string(outcome.policy.name)
         policy = f"{name};q={quota}"
-        if limit.algorithm != "concurrency":
+        if not limit.spec.holds_slots:  # slots are held, not spent per window
             policy += f";w={_seconds(limit.period)}"
         headers["RateLimit-Policy"] = policy
         headers["RateLimit"] = f"{name};r={remaining};t={reset}"

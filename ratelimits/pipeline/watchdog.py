@@ -21,7 +21,7 @@ logger = logging.getLogger("ratelimits")
 
 def _period(decision: Any) -> float:
     return min(
-        (r.limit.period for r in decision.results if r.limit.algorithm == "concurrency"),
+        (r.limit.period for r in decision.results if r.limit.spec.holds_slots),
         default=60.0,
     )
 

@@ -47,8 +47,11 @@ def unreplayable(policy: CompiledPolicy) -> str | None:
         return f"key {policy.key}: a key function needs the live request"
     if kind not in REPLAYABLE_KEYS:
         return f"key {policy.key} cannot be read from an access log"
-    if policy.template.algorithm == "concurrency":
-        return "concurrency: an access log does not say how long each request was in flight"
+    if not policy.template.spec.replayable:
+        algorithm = policy.template.algorithm
+        if policy.template.spec.holds_slots:
+            return f"{algorithm}: an access log does not say how long each request was in flight"
+        return f"{algorithm} cannot be replayed from an access log"
     if policy.scope:
         return f"DRF scope {policy.scope!r}: a log does not say which view served a request"
     return None
