@@ -9,7 +9,7 @@ sparkline. Each page reads its figures in a bounded number of pipelined round tr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -51,8 +51,14 @@ def _shown(value: Any) -> str:
     return repr(text[:60]) if isinstance(value, str) and value else text
 
 
+if TYPE_CHECKING:  # ModelAdmin is generic for the type checker only
+    _ModelAdmin = admin.ModelAdmin[Policy]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+
 @admin.register(Policy)
-class PolicyAdmin(admin.ModelAdmin):
+class PolicyAdmin(_ModelAdmin):
     list_display = (
         "name",
         "mode",
@@ -279,7 +285,7 @@ def dashboard_rows(policies: list[Policy]) -> list[dict[str, Any]]:
 
 
 @admin.register(PolicyDashboard)
-class PolicyDashboardAdmin(admin.ModelAdmin):
+class PolicyDashboardAdmin(_ModelAdmin):
     """An entry on the admin index that opens the dashboard."""
 
     def has_add_permission(self, request: Any) -> bool:
@@ -292,9 +298,10 @@ class PolicyDashboardAdmin(admin.ModelAdmin):
         return False
 
     def has_view_permission(self, request: Any, obj: Any = None) -> bool:
-        return request.user.has_perm("ratelimits.view_policy") or request.user.has_perm(
+        user = request.user
+        return bool(user.has_perm("ratelimits.view_policy") or user.has_perm(
             "ratelimits.change_policy"
-        )
+        ))
 
     def has_module_permission(self, request: Any) -> bool:
         return self.has_view_permission(request)

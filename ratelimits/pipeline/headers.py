@@ -18,13 +18,13 @@ from ratelimits.pipeline.verdict import Outcome
 
 def closest(outcomes: Iterable[Outcome]) -> Outcome | None:
     """The enforced outcome a client should watch: a rejection, else the fewest remaining."""
-    enforced = [o for o in outcomes if o.result is not None and not o.policy.shadow]
+    enforced = [(o, o.result) for o in outcomes if o.result is not None and not o.policy.shadow]
     if not enforced:
         return None
-    rejected = [o for o in enforced if not o.result.allowed]
+    rejected = [(o, r) for o, r in enforced if not r.allowed]
     if rejected:
-        return max(rejected, key=lambda o: o.result.retry_after)
-    return min(enforced, key=lambda o: (o.result.remaining, -o.result.reset_after))
+        return max(rejected, key=lambda pair: pair[1].retry_after)[0]
+    return min(enforced, key=lambda pair: (pair[1].remaining, -pair[1].reset_after))[0]
 
 
 def _sf_string(value: str) -> str:
@@ -39,7 +39,10 @@ def _seconds(value: float) -> int:
 
 def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
     """The headers describing one policy's state for this client, in `style`."""
-    limit, result = outcome.result.limit, outcome.result
+    result = outcome.result
+    if result is None:  # no engine decided (the store was out of reach): nothing to say
+        return {}
+    limit = result.limit
     # The draft's quota: `q` units per `w` seconds. For the buckets and gcra that is the
     # sustained rate (limit per period), not the burst a client may spend at once.
     quota = limit.limit

@@ -232,6 +232,42 @@ def _format(address: Address, ipv6_prefix: int) -> str:
     return f"{network.network_address}/{ipv6_prefix}"
 
 
+def _header_name(arg: str) -> str | None:
+    if "_" in arg:
+        # Django folds '-' and '_' together in META, and servers drop '_' headers.
+        return f"header name {arg!r} contains '_'; write '-', e.g. header:X-Api-Key"
+    if not _TOKEN.fullmatch(arg):
+        return (
+            f"header name {arg!r} is not a valid HTTP header name; use letters, digits "
+            "and '-', e.g. header:X-Api-Key"
+        )
+    return None
+
+
+def _query_name(arg: str) -> str | None:
+    if any(c.isspace() for c in arg):
+        return f"query parameter name {arg!r} contains whitespace; remove it"
+    return None
+
+
+def _dotted_path(arg: str) -> str | None:
+    if not _DOTTED.fullmatch(arg):
+        return (
+            f"{arg!r} is not a dotted Python path; write module.function, "
+            "e.g. call:myapp.keys.tenant"
+        )
+    return None
+
+
+#: The keys that take an argument: what to write when it is missing, and its check
+#: (None when the argument is fine, else what to fix).
+_WITH_ARGUMENT: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    "header": ("header: needs a header name, e.g. header:X-Api-Key", _header_name),
+    "query": ("query: needs a query parameter name, e.g. query:api_key", _query_name),
+    "call": ("call: needs a dotted path to a function, e.g. call:myapp.keys.tenant", _dotted_path),
+}
+
+
 def parse_key(spec: str) -> KeySpec:
     """Parse a policy `key` such as `ip` or `header:X-Api-Key`; ValueError says what to fix."""
     if not isinstance(spec, str):
@@ -245,34 +281,13 @@ def parse_key(spec: str) -> KeySpec:
         if sep:
             raise ValueError(f"key {kind!r} takes no argument; write just {kind}")
         return KeySpec(kind)
-    if kind == "header":
-        if not arg:
-            raise ValueError("header: needs a header name, e.g. header:X-Api-Key")
-        if "_" in arg:
-            # Django folds '-' and '_' together in META, and servers drop '_' headers.
-            raise ValueError(f"header name {arg!r} contains '_'; write '-', e.g. header:X-Api-Key")
-        if not _TOKEN.fullmatch(arg):
-            raise ValueError(
-                f"header name {arg!r} is not a valid HTTP header name; use letters, digits "
-                "and '-', e.g. header:X-Api-Key"
-            )
-        return KeySpec(kind, arg)
-    if kind == "query":
-        if not arg:
-            raise ValueError("query: needs a query parameter name, e.g. query:api_key")
-        if any(c.isspace() for c in arg):
-            raise ValueError(f"query parameter name {arg!r} contains whitespace; remove it")
-        return KeySpec(kind, arg)
-    if kind == "call":
-        if not arg:
-            raise ValueError("call: needs a dotted path to a function, e.g. call:myapp.keys.tenant")
-        if not _DOTTED.fullmatch(arg):
-            raise ValueError(
-                f"{arg!r} is not a dotted Python path; write module.function, "
-                "e.g. call:myapp.keys.tenant"
-            )
-        return KeySpec(kind, arg)
-    raise ValueError(f"unknown key {text!r}; {_USAGE}")
+    if kind not in _WITH_ARGUMENT:
+        raise ValueError(f"unknown key {text!r}; {_USAGE}")
+    missing, check = _WITH_ARGUMENT[kind]
+    problem = check(arg) if arg else missing
+    if problem:
+        raise ValueError(problem)
+    return KeySpec(kind, arg)
 
 
 @dataclass(frozen=True)
@@ -350,7 +365,7 @@ def _load_cached(path: str) -> Callable[[Any], Any]:
     function = getattr(importlib.import_module(module), name)
     if not callable(function):
         raise TypeError(f"{name} is a {type(function).__name__}, not a function")
-    return function
+    return function  # type: ignore[no-any-return]  # any callable of the user's
 
 
 def _load(path: str) -> Callable[[Any], Any]:

@@ -46,7 +46,7 @@ def state_for(request: Any) -> RequestState:
     if state is None:
         state = RequestState()
         setattr(base, STATE_ATTR, state)
-    return state  # type: ignore[no-any-return]
+    return state
 
 
 @dataclass

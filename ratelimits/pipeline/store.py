@@ -29,7 +29,9 @@ def cache_backend(alias: str) -> str | None:
 
 
 def is_redis_backend(backend: str | None) -> bool:
-    return bool(backend) and (backend.startswith("django_redis.") or backend == DJANGO_REDIS_CACHE)
+    return backend is not None and (
+        backend.startswith("django_redis.") or backend == DJANGO_REDIS_CACHE
+    )
 
 
 def redis_client_for(alias: str) -> Any:
@@ -44,7 +46,7 @@ def redis_client_for(alias: str) -> Any:
     from django.core.cache import caches
 
     # Django's RedisCache keeps a redis-py client per server; the primary takes writes.
-    return caches[alias]._cache.get_client(write=True)
+    return caches[alias]._cache.get_client(write=True)  # type: ignore[attr-defined]
 
 
 #: Connection settings that belong to one pool instance and must not be copied.
@@ -76,7 +78,7 @@ def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -
     from redis.sentinel import SentinelConnectionPool
 
     if isinstance(pool, SentinelConnectionPool):
-        new_pool: Any = SentinelConnectionPool(
+        new_pool: Any = SentinelConnectionPool(  # type: ignore[no-untyped-call]
             pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs
         )
     else:

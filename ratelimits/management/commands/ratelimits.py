@@ -450,7 +450,7 @@ def _progress_bar(stream: Any) -> Any:
     called as `bar(bytes_read, size)`."""
     from tqdm import tqdm
 
-    class Bar(tqdm):  # type: ignore[misc]
+    class Bar(tqdm):  # type: ignore[type-arg]  # tqdm is generic only in its stubs
         def __call__(self, done: int, total: int | None) -> None:
             if total is not None and self.total != total:
                 self.total = total
