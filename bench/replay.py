@@ -1,6 +1,7 @@
 """Section: access-log replay throughput (`manage.py ratelimits replay`).
 
     .venv/bin/python bench/replay.py [--quick]
+    .venv/bin/python bench/replay.py --write-log access.log   (only write the log)
 
 A synthetic Combined Log Format file (300,000 lines, 1,000 client IPs of which a few
 send most of the traffic, a handful of paths, one hour of timestamps; the same file on
@@ -242,4 +243,8 @@ def run(quick: bool = False) -> Section:
 
 
 if __name__ == "__main__":
-    common.run_section(run)
+    if sys.argv[1:2] == ["--write-log"] and len(sys.argv) == 3:
+        # The README's example log: `bench/replay.py --write-log access.log`.
+        write_log(Path(sys.argv[2]), LINES)
+    else:
+        common.run_section(run)
