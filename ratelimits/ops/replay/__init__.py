@@ -69,18 +69,30 @@ def replay_lines(
 
 
 def idle_cpus() -> int:
-    """The CPUs this process may use, less the load of the last minute (at least 1): a
-    split only pays when its processes get a CPU each; on a busy machine they would take
-    turns, and every process reads the whole log."""
+    """The CPUs this process may use, less those busy right now (at least 1): a split
+    only pays when its processes get a CPU each; on a busy machine they would take turns,
+    and every process reads the whole log."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
+    return max(1, min(cpus, cpus - _busy_cpus()))
+
+
+def _busy_cpus() -> int:
+    """Other tasks running at this instant (Linux: /proc/loadavg's running count, less
+    this process); elsewhere the last minute's load average. The instant matters: the
+    minute's average still counts a replay that just finished."""
     try:
-        busy = os.getloadavg()[0]
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        return max(0, running - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return round(os.getloadavg()[0])
     except (AttributeError, OSError):  # no load average here
-        busy = 0.0
-    return max(1, min(cpus, round(cpus - busy + 0.5)))
+        return 0
 
 
 def jobs_for(path: str, policies: Sequence[CompiledPolicy], jobs: int | None = None) -> int:
