@@ -22,7 +22,6 @@ from ratelimits.engine.algorithms import (
     Check,
     CheckFn,
     CommitFn,
-    member,
 )
 from ratelimits.engine.constants import (
     OFFENDER_CHARS,
@@ -43,7 +42,7 @@ from ratelimits.engine.keys import (
 )
 from ratelimits.engine.keyspace import Keyspace
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import Decision, Limit, Outcome
+from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["MemoryEngine", "Prepared", "charge"]
 
@@ -202,16 +201,15 @@ class MemoryEngine:
 
     def release(self, decision: Decision) -> None:
         """Free the slots an admitted decision holds."""
-        if decision.token is None:
+        holding = decision.holding()
+        if not holding:
             return
         with self._lock:
-            for result in decision.results:
-                if not result.limit.spec.holds_slots or not result.allowed:
-                    continue
-                entry = self._store.data.get(base_key(self.prefix, result.limit))
+            for limit, members in holding:
+                entry = self._store.data.get(base_key(self.prefix, limit))
                 if entry is not None:
-                    for i in range(1, result.limit.cost + 1):
-                        entry[0].pop(member(decision.token, i), None)
+                    for name in members:
+                        entry[0].pop(name, None)
 
     def bump_version(self) -> int:
         """Tell every reader that the policies changed; returns the new version."""
@@ -245,12 +243,7 @@ class MemoryEngine:
         with self._lock:
             store = self._store
             for decision in decisions:
-                if decision.token is None:
-                    continue
-                for result in decision.results:
-                    limit = result.limit
-                    if not limit.spec.holds_slots or result.outcome is not Outcome.ADMITTED:
-                        continue
+                for limit, members in decision.holding():
                     key = base_key(self.prefix, limit)
                     held: dict[str, float] | None = store.get(key, now_f)
                     if not held:
@@ -259,8 +252,7 @@ class MemoryEngine:
                         del held[gone]
                     period = period_us(limit)
                     renewed = False
-                    for i in range(1, limit.cost + 1):
-                        name = member(decision.token, i)
+                    for name in members:
                         if name in held and held[name] < now_f + period:
                             held[name] = now_f + period
                             renewed = True

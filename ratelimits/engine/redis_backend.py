@@ -8,7 +8,6 @@ from typing import Any
 
 import redis
 
-from ratelimits.engine.algorithms import member
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.contract import batch_source, decode, encode, renew_source
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -23,7 +22,7 @@ from ratelimits.engine.keys import (
     to_us,
 )
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import Decision, Limit, Outcome
+from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["UNAVAILABLE_ERRORS", "RedisEngine", "batch_source"]
 
@@ -100,10 +99,8 @@ class RedisEngine:
         if decision.token is None or (self.breaker and self.breaker.state != "closed"):
             return  # the slots expire by themselves after their period
         pipe = self.client.pipeline(transaction=False)
-        for result in decision.results:
-            if result.limit.spec.holds_slots and result.allowed:
-                members = [member(decision.token, i) for i in range(1, result.limit.cost + 1)]
-                pipe.zrem(base_key(self.prefix, result.limit), *members)
+        for limit, members in decision.holding():
+            pipe.zrem(base_key(self.prefix, limit), *members)
         try:
             pipe.execute()
         except UNAVAILABLE_ERRORS as exc:
@@ -179,15 +176,9 @@ class RedisEngine:
         keys: list[str] = []
         args: list[Any] = ["" if now is None else to_us(now)]
         for decision in decisions:
-            if decision.token is None:
-                continue
-            for result in decision.results:
-                limit = result.limit
-                if not limit.spec.holds_slots or result.outcome is not Outcome.ADMITTED:
-                    continue
+            for limit, members in decision.holding():
                 keys.append(base_key(self.prefix, limit))
-                args += (period_us(limit), limit.cost)
-                args += [member(decision.token, i) for i in range(1, limit.cost + 1)]
+                args += (period_us(limit), len(members), *members)
         if not keys:
             return
         if self._renew_script is None:  # built on first use: most sites hold no slots

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ratelimits.engine.algorithms import member
 from ratelimits.engine.registry import ALGORITHMS, BURST_ALGORITHMS, REGISTRY, Algorithm
 
 
@@ -124,3 +125,15 @@ class Decision:
     def would_reject(self) -> tuple[Result, ...]:
         """Shadow results that would have refused the request."""
         return tuple(r for r in self.results if not r.allowed and r.limit.shadow)
+
+    def holding(self) -> list[tuple[Limit, list[str]]]:
+        """The slots this request holds: each holding limit and its members' names (what
+        `release()` frees and `renew()` keeps)."""
+        token = self.token
+        if token is None:
+            return []
+        return [
+            (r.limit, [member(token, unit) for unit in range(1, r.limit.cost + 1)])
+            for r in self.results
+            if r.limit.spec.holds_slots and r.outcome is Outcome.ADMITTED
+        ]
