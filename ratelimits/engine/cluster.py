@@ -20,12 +20,18 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
 import redis.cluster
-from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.constants import OFFENDER_CHARS, STATS_TTL, US
@@ -45,12 +51,23 @@ from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Decision, Limit
 
-__all__ = ["FLUSH_EVERY", "ClusterEngine", "cluster_offender_errors_key", "cluster_offenders_key"]
+__all__ = [
+    "FLUSH_EVERY",
+    "REFRESH_EVERY",
+    "ClusterEngine",
+    "cluster_offender_errors_key",
+    "cluster_offenders_key",
+]
 
 #: Tallied counters and offenders reach the cluster at most this late (seconds).
 FLUSH_EVERY = 1.0
+#: After a node failed, the cluster's slot map is read again at most this often (seconds).
+REFRESH_EVERY = 0.5
 #: Replies a slot's call answers that mean "not run here, send it again elsewhere".
 _REDIRECTS = (NoScriptError, MovedError, AskError, TryAgainError)
+#: The cluster client's own failures (no node reachable, no slot owner) are not
+#: RedisErrors: they mean the store is out of reach, like a refused connection.
+_UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException)
 #: slot.lua's reply: admitted, now_us, then per limit the result fields and s1, s2.
 _SLOT_HEAD = 2
 _PER = FIELDS + 2
@@ -109,6 +126,10 @@ class ClusterEngine:
         self._offenders: dict[tuple[str, int], dict[str, int]] = {}
         self._flushed_at = time.monotonic()
         self._flushing = False
+        # after a node failed, the slot map is read again before the next call (at most
+        # once per REFRESH_EVERY): a promoted replica or a moved node is then found
+        self._stale = False
+        self._refreshed_at = -math.inf
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- deciding ---------------------------------------------------------------------
@@ -215,74 +236,82 @@ class ClusterEngine:
     # -- the fan-out --------------------------------------------------------------------
 
     def _fanout(self, calls: dict[int, _Call]) -> dict[int, Any]:
-        """Run each slot's call, the calls of one node in one pipeline, the nodes at once;
-        each slot's reply. A call the cluster redirects (MOVED, ASK, TRYAGAIN) or whose
-        script the node lacks was not run: it goes again through the cluster client."""
+        """Run each slot's call, the calls of one node in one pipeline, the nodes at once:
+        every node's pipeline is written before any reply is read, so the nodes work in
+        parallel and a request waits about one round trip. A call the cluster redirected
+        (MOVED, ASK, TRYAGAIN) or whose script the node lacked was not run: it goes again
+        through the cluster client, which follows redirects and loads scripts."""
+        if self._stale:
+            self._refresh()
         by_node: dict[str, tuple[Any, list[int]]] = {}
         get_node = self.client.nodes_manager.get_node_from_slot
         for slot, call in calls.items():
             node = get_node(slot if slot >= 0 else self.client.keyslot(call.keys[0]))
             by_node.setdefault(node.name, (node, []))[1].append(slot)
-        jobs = list(by_node.values())
-        replies: dict[int, Any] = {}
         try:
-            if not jobs:
-                pass
-            elif len(jobs) == 1:
-                node, slots = jobs[0]
-                replies.update(self._node(node, slots, calls))
-            else:
-                pool = self._executor()
-                futures: list[Future[dict[int, Any]]] = [
-                    pool.submit(self._node, node, slots, calls) for node, slots in jobs[1:]
-                ]
-                node, slots = jobs[0]
-                first: BaseException | None = None
-                try:
-                    replies.update(self._node(node, slots, calls))
-                except BaseException as exc:
-                    first = exc
-                for future in futures:
-                    try:
-                        replies.update(future.result())
-                    except BaseException as exc:
-                        first = first or exc
-                if first is not None:
-                    raise first
-        except UNAVAILABLE_ERRORS as exc:
+            replies = self._exchange(list(by_node.values()), calls)
+            for slot, reply in replies.items():
+                if isinstance(reply, _REDIRECTS):
+                    call = calls[slot]
+                    replies[slot] = (self.client.get(call.keys[0]) if call.script is None
+                                     else call.script(keys=call.keys, args=call.args))
+                elif isinstance(reply, Exception):
+                    raise reply
+        except _UNAVAILABLE as exc:
+            self._stale = True
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
         return replies
 
-    def _node(self, node: Any, slots: list[int], calls: dict[int, _Call]) -> dict[int, Any]:
-        pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
-        for slot in slots:
-            call = calls[slot]
-            if call.script is None:
-                pipe.get(call.keys[0])
-            else:
-                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-        out: dict[int, Any] = {}
-        for slot, reply in zip(slots, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, _REDIRECTS):
-                call = calls[slot]
-                # the cluster client follows the redirect and loads a missing script
-                if call.script is None:
-                    reply = self.client.get(call.keys[0])
-                else:
-                    reply = call.script(keys=call.keys, args=call.args)
-            elif isinstance(reply, Exception):
-                raise reply
-            out[slot] = reply
-        return out
+    def _refresh(self) -> None:
+        """Read the slot map again (a failover or a reshard moved slots)."""
+        with self._lock:
+            if time.monotonic() - self._refreshed_at < REFRESH_EVERY:
+                return
+            self._refreshed_at = time.monotonic()
+        try:
+            self.client.nodes_manager.initialize()
+        except _UNAVAILABLE as exc:
+            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
+        self._stale = False
+
+    def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, _Call]
+                  ) -> dict[int, Any]:
+        """Write every node's pipeline, then read every reply (errors as values)."""
+        sent: list[tuple[Any, Any, list[int]]] = []
+        replies: dict[int, Any] = {}
+        try:
+            for node, slots in jobs:
+                server = self.client.get_redis_connection(node)
+                conn = server.connection_pool.get_connection()
+                sent.append((server, conn, slots))
+                conn.send_packed_command(conn.pack_commands(
+                    [("GET", calls[s].keys[0]) if calls[s].script is None else
+                     ("EVALSHA", calls[s].script.sha, len(calls[s].keys), *calls[s].keys,
+                      *calls[s].args) for s in slots]))
+            for server, conn, slots in sent:
+                for slot in slots:
+                    try:
+                        replies[slot] = server.parse_response(conn, "EVALSHA")
+                    except redis.ResponseError as exc:
+                        replies[slot] = exc
+        except BaseException:
+            for _, conn, _ in sent:  # replies may be left unread: never reuse them
+                conn.disconnect()
+            raise
+        finally:
+            for server, conn, _ in sent:
+                server.connection_pool.release(conn)
+        return replies
 
     def _executor(self) -> ThreadPoolExecutor:
+        # the flush runs beside requests, not in front of one
         if self._pool is None or self._pool_pid != os.getpid():  # threads do not survive fork
             with self._lock:
                 if self._pool is None or self._pool_pid != os.getpid():
-                    self._pool = ThreadPoolExecutor(max_workers=8,
-                                                    thread_name_prefix="ratelimits-cluster")
+                    self._pool = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="ratelimits-flush")
                     self._pool_pid = os.getpid()
         return self._pool
 
@@ -338,7 +367,7 @@ class ClusterEngine:
                                    cluster_offender_errors_key(self.prefix, name, hour)],
                              args=args)
                 del offenders[(name, hour)]
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             self._restore(counts, offenders)
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         finally:
@@ -444,7 +473,7 @@ class ClusterEngine:
     def _guard(run: Callable[[], Any]) -> Any:
         try:
             return run()
-        except UNAVAILABLE_ERRORS as exc:
+        except _UNAVAILABLE as exc:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc

@@ -14,7 +14,8 @@ import pytest
 import redis
 import redis.cluster
 
-from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
+from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, MemoryEngine
+from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.contract import encode
 from ratelimits.engine.keys import base_key, period_us, to_us
@@ -302,3 +303,67 @@ def test_eight_processes_on_three_primaries_admit_exactly_the_limit(cluster, cli
     assert totals[trio[2].name] == {"a": 25, "o": refused}
     hours = {int(start // 3600), int(time.time() // 3600)}
     assert sum(n for h in hours for _, n in reader.offenders("per-user", h)) == refused
+
+
+# -- an outage ----------------------------------------------------------------------------
+
+
+def test_a_cluster_out_of_reach_raises_engine_unavailable_and_opens_the_breaker():
+    small = RedisCluster(replicas=0).start()  # its own: this test stops it
+    try:
+        client = _client(small)
+        breaker = CircuitBreaker(failures=2, cooldown=60)
+        engine = ClusterEngine(client, version_key="rl:version", breaker=breaker)
+        limits = [Limit(f"ip:{i}", "fixed_window", 5, 60, name=f"p{i}") for i in range(3)]
+        assert engine.evaluate(limits).allowed
+    finally:
+        small.stop()
+    started = time.monotonic()
+    for _ in range(2):
+        with pytest.raises(EngineUnavailable):
+            engine.evaluate(limits)
+    assert breaker.state == "open"
+    with pytest.raises(EngineUnavailable, match="circuit open"):
+        engine.evaluate(limits)  # fails fast, touching no socket
+    for call in (lambda: engine.counters("p0", 0), engine.bump_version,
+                 lambda: engine.reset(limits[0], now=T0)):
+        with pytest.raises(EngineUnavailable):
+            call()
+    engine.close()  # the tally stays unsent; closing does not raise
+    assert time.monotonic() - started < 30
+
+
+def test_limits_apply_again_once_a_replica_took_over_a_killed_primary():
+    small = RedisCluster().start()  # its own: this test kills one of its primaries
+    try:
+        client = _client(small)
+        engine = ClusterEngine(client)
+        limit = Limit("ip:7", "sliding_log", 3, 3600, name="p")
+        assert engine.evaluate([limit]).allowed
+        node = client.get_node_from_key(base_key("rl:", limit))
+        port = int(node.port)
+        assert client.get_redis_connection(node).wait(1, 5000) == 1  # the replica has it
+        small.kill(port)  # kill -9: what the primary had not replicated is lost
+        outcomes: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                decision = engine.evaluate([limit])
+            except EngineUnavailable:
+                outcomes.append("unavailable")
+            else:
+                outcomes.append("decided")
+                break
+            finally:
+                assert time.monotonic() - started < 5  # never a long wait
+        assert outcomes[-1] == "decided", outcomes
+        assert outcomes[0] == "unavailable"
+        assert int(client.get_node_from_key(base_key("rl:", limit)).port) != port
+        # the replica had the first charge: the limit goes on from there
+        assert decision.results[0].remaining == 1
+        assert engine.evaluate([limit]).allowed
+        assert not engine.evaluate([limit]).allowed
+        engine.close()
+    finally:
+        small.stop()
