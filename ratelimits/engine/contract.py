@@ -73,21 +73,69 @@ def _dispatcher(name: str, params: str, bodies: dict[str, str]) -> str:
 def batch_source() -> str:
     """The batch script: the generated constants, the prelude, the check and commit
     dispatchers (one branch per registered algorithm), the entry point."""
+    return _charging_source("batch.lua")
+
+
+def _bodies() -> dict[str, tuple[str, str, str]]:
+    """Each algorithm's check, commit and refund bodies (the refund is Redis Cluster's)."""
     lua = resources.files("ratelimits.engine") / "lua"
-    checks, commits = {}, {}
+    out = {}
     for entry in REGISTRY.values():
         text = (lua / entry.lua).read_text("utf-8")
         _, _, bodies = text.partition("--[[check]]")
-        checks[entry.name], _, commits[entry.name] = bodies.partition("--[[commit]]")
+        check, _, rest = bodies.partition("--[[commit]]")
+        commit, _, refund = rest.partition("--[[refund]]")
+        out[entry.name] = (check, commit, refund)
+    return out
+
+
+def _charging_source(entry: str) -> str:
+    lua = resources.files("ratelimits.engine") / "lua"
+    bodies = _bodies()
     return "\n".join(
         (
             "-- generated from ratelimits/engine/contract.py",
             lua_constants(),
             (lua / "prelude.lua").read_text("utf-8"),
-            _dispatcher("check", "key, now, L, P, B, c", checks),
-            _dispatcher("commit", "key, now, L, P, B, c, r, token", commits),
-            (lua / "batch.lua").read_text("utf-8"),
+            _dispatcher("check", "key, now, L, P, B, c",
+                        {name: b[0] for name, b in bodies.items()}),
+            _dispatcher("commit", "key, now, L, P, B, c, r, token",
+                        {name: b[1] for name, b in bodies.items()}),
+            (lua / entry).read_text("utf-8"),
         )
+    )
+
+
+@lru_cache(maxsize=1)
+def slot_source() -> str:
+    """Redis Cluster: the script that decides one hash slot's limits (see lua/slot.lua)."""
+    return _charging_source("slot.lua")
+
+
+@lru_cache(maxsize=1)
+def refund_source() -> str:
+    """Redis Cluster: the script that gives back what slot.lua charged (lua/refund.lua)."""
+    lua = resources.files("ratelimits.engine") / "lua"
+    return "\n".join(
+        (
+            "-- generated from ratelimits/engine/contract.py",
+            lua_constants(),
+            (lua / "prelude.lua").read_text("utf-8"),
+            (lua / "refund_prelude.lua").read_text("utf-8"),
+            _dispatcher("refund", "key, now, L, P, B, c, token, s1, s2",
+                        {name: b[2] for name, b in _bodies().items()}),
+            (lua / "refund.lua").read_text("utf-8"),
+        )
+    )
+
+
+@lru_cache(maxsize=1)
+def offend_source() -> str:
+    """Redis Cluster: the script that adds tallied refusals to offenders (lua/offend.lua)."""
+    lua = resources.files("ratelimits.engine") / "lua"
+    return "\n".join(
+        ("-- generated from ratelimits/engine/contract.py", lua_constants(),
+         (lua / "offend.lua").read_text("utf-8"))
     )
 
 

@@ -13,3 +13,5 @@ return {0, floor0(L - n), P, hint, 0}
 --[[commit]]
 add_members(key, fmt(now + P), token, c)
 redis.call('PEXPIRE', key, ttl_ms(P))
+--[[refund]]
+remove_members(key, token, c)

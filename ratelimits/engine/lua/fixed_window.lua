@@ -12,3 +12,7 @@ return {0, floor0(L - n), reset, reset, 0, k}
 --[[commit]]
 redis.call('INCRBY', r[6], c)
 redis.call('PEXPIRE', r[6], ttl_ms(r[3]))
+--[[refund]]
+-- s1: the window key the charge counted in; a counter is a plain sum, so taking the
+-- units back is exact whatever was counted since
+if redis.call('EXISTS', s1) == 1 then redis.call('DECRBY', s1, c) end

@@ -13,3 +13,7 @@ return {0, floor0((B * T - (tat - now)) / T), math.ceil(tat - now),
         math.ceil(allow_at - now), 0}
 --[[commit]]
 redis.call('SET', key, fmt(r[6]), 'PX', ttl_ms(r[3]))
+--[[refund]]
+-- s1: the TAT the charge stored. Only while it is still the stored one is moving it back
+-- by c*T exact (see tat_refund in the prelude).
+tat_refund(key, now, L, P, c, s1)

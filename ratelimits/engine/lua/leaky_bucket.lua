@@ -13,3 +13,5 @@ end
 return {0, 0, math.ceil(wait), math.ceil(wait - B * T), 0}
 --[[commit]]
 redis.call('SET', key, fmt(r[6]), 'PX', ttl_ms(r[3]))
+--[[refund]]
+tat_refund(key, now, L, P, c, s1)

@@ -14,3 +14,5 @@ return {0, floor0(L - n), tonumber(newest[2]) + P - now, retry, 0}
 --[[commit]]
 add_members(key, fmt(now), token, c)
 redis.call('PEXPIRE', key, ttl_ms(P))
+--[[refund]]
+remove_members(key, token, c)

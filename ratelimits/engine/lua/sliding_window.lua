@@ -25,3 +25,6 @@ return {0, floor0(L - est), reset, retry, 0}
 --[[commit]]
 redis.call('INCRBY', r[6], c)
 redis.call('PEXPIRE', r[6], ttl_ms(2 * P - r[7]))
+--[[refund]]
+-- s1: the window key the charge counted in (a plain sum: exact whatever came since)
+if redis.call('EXISTS', s1) == 1 then redis.call('DECRBY', s1, c) end

@@ -17,3 +17,11 @@ return {0, floor0(tokens), math.ceil((B - tokens) * P / L), math.ceil((c - token
 --[[commit]]
 redis.call('HSET', key, 't', fmt(r[6]), 'ts', fmt(r[7]))
 redis.call('PEXPIRE', key, ttl_ms(r[3]))
+--[[refund]]
+-- s1, s2: the tokens and time the charge stored. Only while the bucket still holds them
+-- is adding the tokens back exact; once another request refilled it in between, the cap
+-- may already have absorbed them, so the charge stays (under-admission, never over).
+local s = redis.call('HMGET', key, 't', 'ts')
+if s[1] == s1 and s[2] == s2 then
+  redis.call('HSET', key, 't', fmt(math.min(B, tonumber(s1) + c)))
+end
