@@ -114,10 +114,10 @@ class ClusterEngine:
         self.version_key = version_key
         self.stats = stats
         self.breaker = breaker
-        self._slot = client.register_script(slot_source())
-        self._refund = client.register_script(refund_source())
-        self._renew = client.register_script(renew_source())
-        self._offend = client.register_script(offend_source())
+        self._slot = self.client.register_script(slot_source())
+        self._refund = self.client.register_script(refund_source())
+        self._renew = self.client.register_script(renew_source())
+        self._offend = self.client.register_script(offend_source())
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
