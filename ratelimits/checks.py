@@ -100,6 +100,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return messages
 
 
+def ensure_valid() -> None:
+    """Raise ImproperlyConfigured if `check_settings` finds an error in RATELIMITS.
+
+    Servers (gunicorn, uWSGI, uvicorn, daphne) never run the system checks, so the
+    middleware calls this when the server builds its handler: a mistake stops the app at
+    start-up instead of switching enforcement off for every request.
+    """
+    errors = [m for m in check_settings() if m.is_serious()]
+    if errors:
+        raise ImproperlyConfigured(
+            "; ".join(f"{m.msg} ({m.id}: {m.hint})" if m.hint else f"{m.msg} ({m.id})"
+                      for m in errors)
+        )
+
+
 @checks.register()
 def check_installation(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     middleware = list(getattr(settings, "MIDDLEWARE", None) or [])

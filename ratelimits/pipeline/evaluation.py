@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
@@ -67,11 +68,14 @@ def evaluate(
 ) -> Verdict | None:
     """Decide a request against the policies for `scopes`; None when nothing applies.
 
-    Never raises: an unexpected failure is logged and the request admitted, because a
-    rate limiter must not turn its own bug into an outage.
+    Raises only ImproperlyConfigured (a settings mistake must stop the request, never
+    admit it unlimited); any other failure is logged and the request admitted, because
+    a rate limiter must not turn its own bug into an outage.
     """
     try:
         return _evaluate(request, scopes, sender, state)
+    except ImproperlyConfigured:
+        raise  # a settings mistake must not switch enforcement off unnoticed
     except Exception:
         log_unexpected(request)
         return None

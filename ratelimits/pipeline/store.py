@@ -182,7 +182,13 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
 
     if url is not None:
         return RedisEngine(url_client(url, *timeouts), **shared)
-    client = redis_client_for(config["CACHE"])
+    alias = config["CACHE"]
+    if cache_backend(alias) is None:
+        raise ImproperlyConfigured(
+            f"RATELIMITS['CACHE'] is {alias!r}, which is not an alias in CACHES: name one "
+            "of your CACHES aliases, or set RATELIMITS['REDIS_URL']."
+        )
+    client = redis_client_for(alias)
     if client is None:
         return get_local_engine()
     return RedisEngine(limiter_client(client, *timeouts), **shared)
