@@ -16,6 +16,7 @@ import pytest
 import redis
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisClusterException
 
 from ratelimits.conf import build_config
 from ratelimits.pipeline import store
@@ -296,6 +297,48 @@ def test_the_cluster_client_follows_moved_although_it_never_retries(cluster, set
         client.close()
 
 
+@pytest.fixture
+def locked_cluster():
+    """A cluster whose every node wants a password (and gives it to its primary)."""
+    try:
+        started = RedisCluster().start()
+    except RuntimeError as exc:
+        pytest.fail(f"the cluster tests need a Redis Cluster: {exc}")
+    primaries = set(started.primary_ports())
+    for port in started.live_ports():
+        node = started.client(port)
+        node.config_set("masterauth", PASSWORD)
+        node.config_set("requirepass", PASSWORD)
+    yield started, primaries
+    started.stop()
+
+
+def test_the_cluster_urls_password_reaches_every_node(locked_cluster, settings):
+    started, expected = locked_cluster
+    ports = started.url.split("://", 1)[1]
+    use_url(settings, f"redis+cluster://:{PASSWORD}@{ports}")
+    from ratelimits.conf import get_config
+
+    client = store.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
+    try:
+        primaries = {n.port for n in client.get_primaries()}
+        assert primaries == expected
+        written = set()
+        for i in range(200):
+            key = f"{PREFIX}locked-{i}"
+            client.set(key, 1)
+            port = client.get_node_from_key(key).port
+            assert started.client(port, password=PASSWORD).get(key) == b"1"
+            written.add(port)
+        assert written == primaries
+    finally:
+        client.close()
+    wrong = get_config()["REDIS_URL"].url.replace(PASSWORD, "wrong")
+    use_url(settings, wrong)
+    with pytest.raises(RedisClusterException, match="invalid username-password"):
+        store.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
+
+
 def test_a_cluster_url_without_cluster_support_says_so(settings, monkeypatch):
     use_url(settings, "redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
     monkeypatch.setitem(__import__("sys").modules, "ratelimits.engine.cluster", None)
@@ -308,3 +351,4 @@ def test_the_readme_documents_every_scheme():
     section = readme.split("\n#### Configuration: REDIS_URL\n", 1)[1].split("\n#", 1)[0]
     for scheme in ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://"):
         assert scheme in section
+
