@@ -121,13 +121,14 @@ def _decide(
     planned, failed = plan(request, policies, config)
     state.charged.update(p.id for p in policies)
 
-    engine = get_engine()
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
+    engine: Any = None
     try:
+        engine = get_engine()  # a cluster client needs a reachable node to be built
         decision = engine.evaluate([p.limit for p in planned])
     except EngineError as exc:  # unreachable, read-only, out of memory ...
-        if recorder is not None:
+        if recorder is not None and engine is not None:
             seconds = time.perf_counter() - started
             recorder.unavailable(engine, seconds, (p.policy for p in planned))
         return fallback(request, state, planned, failed, exc, sender, config)

@@ -23,6 +23,7 @@ DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 _lock = threading.RLock()  # get_engine() may build the local engine inside
 _engine: Any = None
 _local: Any = None
+_breaker: Any = None
 
 
 def cache_backend(alias: str) -> str | None:
@@ -159,10 +160,13 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     from ratelimits.engine.breaker import CircuitBreaker
 
     timeouts = (config["SOCKET_TIMEOUT"], config["CONNECT_TIMEOUT"])
+    global _breaker
+    if _breaker is None:  # kept across failed builds, then handed to the engine
+        _breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"], _clock)
     shared = {
         "prefix": config["KEY_PREFIX"],
         "version_key": _version_key(config["KEY_PREFIX"]),
-        "breaker": CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"], _clock),
+        "breaker": _breaker,
     }
     url: RedisURL | None = config["REDIS_URL"]
     if url is not None and url.kind == "cluster":
@@ -177,7 +181,7 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
                 "(ratelimits.engine.cluster is missing): upgrade ratelimits, or point "
                 "REDIS_URL at one server (redis://, rediss://, unix://)."
             ) from None
-        return cluster.ClusterEngine(cluster_client(url, *timeouts), **shared)
+        return cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]), **shared)
     from ratelimits.engine import RedisEngine
 
     if url is not None:
@@ -192,6 +196,28 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     if client is None:
         return get_local_engine()
     return RedisEngine(limiter_client(client, *timeouts), **shared)
+
+
+def _reach_cluster(url: RedisURL, timeouts: tuple[float, float], breaker: Any) -> Any:
+    """The cluster client, or EngineUnavailable so that policies follow their on_error.
+
+    Building it asks a seed node for the slot map, so a cluster that is down when the
+    process first needs it would otherwise fail every request outside the engine; the
+    breaker (the one the engine then keeps) spares the seeds a connection per request.
+    """
+    from redis.exceptions import RedisClusterException, RedisError
+
+    from ratelimits.engine.errors import EngineUnavailable
+
+    if not breaker.allow():
+        raise EngineUnavailable("no seed node of REDIS_URL answered (circuit open)")
+    try:
+        client = cluster_client(url, *timeouts)
+    except (RedisClusterException, RedisError) as exc:
+        breaker.failure()
+        raise EngineUnavailable(f"no seed node of {url.shown} answered: {exc}") from exc
+    breaker.success()
+    return client
 
 
 def get_local_engine() -> Any:
@@ -214,10 +240,11 @@ def is_shared() -> bool:
 
 def reset_engines() -> None:
     """Forget the engines; the next call builds them from the current settings."""
-    global _engine, _local
+    global _engine, _local, _breaker
     with _lock:
         _engine = None
         _local = None
+        _breaker = None
 
 
 @receiver(setting_changed)

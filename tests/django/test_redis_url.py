@@ -8,8 +8,12 @@ refused with a message that says what to fix, without ever echoing a password.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -28,6 +32,7 @@ from tests.django.test_promises_store import (  # noqa: F401  (fixtures)
     tls_redis,
 )
 from tests.redis_cluster import RedisCluster
+from tests.redis_server import free_port
 
 PASSWORD = "url-s3cret"
 
@@ -352,3 +357,50 @@ def test_the_readme_documents_every_scheme():
     for scheme in ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://"):
         assert scheme in section
 
+
+@pytest.fixture
+def refusing_node():
+    """A real TCP port that accepts each connection and closes it at once (a node that is
+    down in the worst way: it answers the connect, never a command); counts connections."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", free_port()))
+    listener.listen(64)
+    accepted = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1], accepted
+    listener.close()
+
+
+class NeverBuilt:
+    """Stands in for ratelimits.engine.cluster (not on every branch): without a reachable
+    node, no cluster engine may be built."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise AssertionError("a cluster engine was built without a reachable node")
+
+
+@pytest.mark.parametrize(("on_error", "status"), [("deny", 503), ("allow", 200)])
+def test_a_cluster_down_at_first_use_leaves_each_request_to_on_error(
+    client, make_policy, settings, monkeypatch, refusing_node, on_error, status
+):
+    port, accepted = refusing_node
+    use_url(settings, f"redis+cluster://127.0.0.1:{port}", BREAKER_COOLDOWN=60)
+    module = types.ModuleType("ratelimits.engine.cluster")
+    module.ClusterEngine = NeverBuilt  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ratelimits.engine.cluster", module)
+    make_policy(name="on-cluster", limit=100, path="/hello/", on_error=on_error)
+    accepted.clear()  # the save's own attempt to publish the version
+
+    assert [client.get("/hello/").status_code for _ in range(6)] == [status] * 6
+    # three failed builds open the circuit: the other requests touch no socket
+    assert 1 <= len(accepted) <= settings.RATELIMITS.get("BREAKER_FAILURES", 3)
