@@ -4,7 +4,7 @@ ratelimits.E001  RATELIMITS has an unknown key or a bad value
 ratelimits.E002  RateLimitMiddleware is listed before AuthenticationMiddleware
 ratelimits.E003  RATELIMITS["CACHE"] names an alias that is not in CACHES
 ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
-ratelimits.W001  the cache is not Redis: limits are per process, not shared
+ratelimits.W001  the cache is not Redis (and REDIS_URL is unset): limits are per process
 ratelimits.W002  neither the middleware nor the DRF throttle is installed
 ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not installed
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
@@ -75,6 +75,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="ratelimits.W003",
                 )
             )
+    if config["REDIS_URL"] is not None:
+        return messages  # the engine's own Redis: CACHE is not used, and limits are shared
     alias = config["CACHE"]
     backend = cache_backend(alias)
     if backend is None:
@@ -96,6 +98,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     return messages
+
+
+def ensure_valid() -> None:
+    """Raise ImproperlyConfigured if `check_settings` finds an error in RATELIMITS.
+
+    Servers (gunicorn, uWSGI, uvicorn, daphne) never run the system checks, so the
+    middleware calls this when the server builds its handler: a mistake stops the app at
+    start-up instead of switching enforcement off for every request.
+    """
+    errors = [m for m in check_settings() if m.is_serious()]
+    if errors:
+        raise ImproperlyConfigured(
+            "; ".join(f"{m.msg} ({m.id}: {m.hint})" if m.hint else f"{m.msg} ({m.id})"
+                      for m in errors)
+        )
 
 
 @checks.register()

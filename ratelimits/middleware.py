@@ -10,6 +10,7 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
+from ratelimits.checks import ensure_valid
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.evaluation import UNSCOPED
 from ratelimits.pipeline.responses import decorate, rejection_response
@@ -40,6 +41,9 @@ class RateLimitMiddleware:
     async_capable = True
 
     def __init__(self, get_response: Any) -> None:
+        # Django builds the middleware once, when the server loads the app: a RATELIMITS
+        # mistake stops the start-up here (servers never run `manage.py check`).
+        ensure_valid()
         self.get_response = get_response
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:

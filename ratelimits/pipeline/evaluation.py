@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
@@ -67,11 +68,14 @@ def evaluate(
 ) -> Verdict | None:
     """Decide a request against the policies for `scopes`; None when nothing applies.
 
-    Never raises: an unexpected failure is logged and the request admitted, because a
-    rate limiter must not turn its own bug into an outage.
+    Raises only ImproperlyConfigured (a settings mistake must stop the request, never
+    admit it unlimited); any other failure is logged and the request admitted, because
+    a rate limiter must not turn its own bug into an outage.
     """
     try:
         return _evaluate(request, scopes, sender, state)
+    except ImproperlyConfigured:
+        raise  # a settings mistake must not switch enforcement off unnoticed
     except Exception:
         log_unexpected(request)
         return None
@@ -117,13 +121,14 @@ def _decide(
     planned, failed = plan(request, policies, config)
     state.charged.update(p.id for p in policies)
 
-    engine = get_engine()
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
+    engine: Any = None
     try:
+        engine = get_engine()  # a cluster client needs a reachable node to be built
         decision = engine.evaluate([p.limit for p in planned])
     except EngineError as exc:  # unreachable, read-only, out of memory ...
-        if recorder is not None:
+        if recorder is not None and engine is not None:
             seconds = time.perf_counter() - started
             recorder.unavailable(engine, seconds, (p.policy for p in planned))
         return fallback(request, state, planned, failed, exc, sender, config)

@@ -1,4 +1,4 @@
-"""Which engine decides: Redis through the configured cache's client, else in process.
+"""Which engine decides: `REDIS_URL`'s Redis, else the configured cache's, else in process.
 
 Built lazily on first use and kept for the life of the process; dropped when `CACHES` or
 `RATELIMITS` change (tests, `override_settings`).
@@ -6,20 +6,24 @@ Built lazily on first use and kept for the life of the process; dropped when `CA
 
 from __future__ import annotations
 
+import importlib
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ratelimits.conf import get_config
+from ratelimits.conf import RedisURL, get_config
 
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 _lock = threading.RLock()  # get_engine() may build the local engine inside
 _engine: Any = None
 _local: Any = None
+_breaker: Any = None
 
 
 def cache_backend(alias: str) -> str | None:
@@ -53,28 +57,38 @@ def redis_client_for(alias: str) -> Any:
 _POOL_PRIVATE = ("orig_", "maint_notifications", "himport_registry")
 
 
-def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -> Any:
-    """A client on the same server as `client`, with the limiter's own short timeouts.
+def limiter_options(socket_timeout: float, connect_timeout: float) -> dict[str, Any]:
+    """The connection options of every limiter client, whatever kind of store it talks to.
 
-    The cache's pool keeps the cache's timeouts (often seconds) and redis-py's default
-    retries with backoff; a limiter on every request must instead fail within tens of
-    milliseconds and let the policy's `on_error` decide. Sentinel pools stay Sentinel
-    pools, so failover keeps working.
+    A limiter on every request must fail within tens of milliseconds and let the policy's
+    `on_error` decide, never wait out a cache's timeouts (often seconds) or redis-py's
+    retries with backoff.
     """
-    import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    return {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+        "retry_on_error": [],
+        "health_check_interval": 0,
+    }
+
+
+def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -> Any:
+    """A client on the same server as `client`, with the limiter's own short timeouts.
+
+    The pool keeps the server, database, credentials and TLS settings of `client`'s pool
+    and takes `limiter_options` instead of its timeouts and retries. Sentinel pools stay
+    Sentinel pools, so failover keeps working.
+    """
+    import redis
+
     pool = client.connection_pool
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith(_POOL_PRIVATE)}
-    kwargs.update(
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        retry_on_error=[],
-        health_check_interval=0,
-    )
+    kwargs.update(limiter_options(socket_timeout, connect_timeout))
     from redis.sentinel import SentinelConnectionPool
 
     if isinstance(pool, SentinelConnectionPool):
@@ -82,8 +96,42 @@ def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -
             pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs
         )
     else:
-        new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        new_pool = redis.ConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=pool.max_connections,
+            **kwargs,
+        )
     return redis.Redis(connection_pool=new_pool)
+
+
+def url_client(url: RedisURL, socket_timeout: float, connect_timeout: float) -> Any:
+    """A limiter client on the one server (or socket) of `REDIS_URL`."""
+    import redis
+
+    base = redis.Redis(connection_pool=redis.ConnectionPool(**url.options))
+    return limiter_client(base, socket_timeout, connect_timeout)
+
+
+def cluster_client(url: RedisURL, socket_timeout: float, connect_timeout: float) -> Any:
+    """A `RedisCluster` seeded by `REDIS_URL`'s nodes, with the limiter's timeouts.
+
+    No retries (`Retry(NoBackoff(), 0)`: a node that fails is the policy's `on_error`
+    to handle), yet MOVED and ASK redirections are still followed: redis-py follows them
+    inside one command, apart from its retry policy. Building it asks a seed node for the
+    slot map, so it needs one reachable node.
+    """
+    from redis.cluster import ClusterNode, RedisCluster
+
+    options = limiter_options(socket_timeout, connect_timeout)
+    # not RedisCluster options (retry_on_timeout is deprecated there: `retry` decides)
+    for name in ("retry_on_error", "health_check_interval", "retry_on_timeout"):
+        del options[name]
+    seeds = [ClusterNode(host, port) for host, port in url.nodes]  # type: ignore[no-untyped-call]
+    return RedisCluster(
+        startup_nodes=seeds,
+        **options,
+        **url.options,
+    )
 
 
 def _clock() -> float:
@@ -97,30 +145,79 @@ def _version_key(prefix: str) -> str:
 
 
 def get_engine() -> Any:
-    """The shared engine: `RedisEngine` on a Redis-backed cache, else the local one."""
+    """The shared engine: on `REDIS_URL`, else on a Redis-backed cache, else the local one."""
     global _engine
     engine = _engine
     if engine is None:
         with _lock:
             if _engine is None:
-                config = get_config()
-                client = redis_client_for(config["CACHE"])
-                if client is None:
-                    _engine = get_local_engine()
-                else:
-                    from ratelimits.engine import RedisEngine
-                    from ratelimits.engine.breaker import CircuitBreaker
-
-                    _engine = RedisEngine(
-                        limiter_client(client, config["SOCKET_TIMEOUT"], config["CONNECT_TIMEOUT"]),
-                        prefix=config["KEY_PREFIX"],
-                        version_key=_version_key(config["KEY_PREFIX"]),
-                        breaker=CircuitBreaker(
-                            config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"], _clock
-                        ),
-                    )
+                _engine = _build_engine(get_config())
             engine = _engine
     return engine
+
+
+def _build_engine(config: Mapping[str, Any]) -> Any:
+    from ratelimits.engine.breaker import CircuitBreaker
+
+    timeouts = (config["SOCKET_TIMEOUT"], config["CONNECT_TIMEOUT"])
+    global _breaker
+    if _breaker is None:  # kept across failed builds, then handed to the engine
+        _breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"], _clock)
+    shared = {
+        "prefix": config["KEY_PREFIX"],
+        "version_key": _version_key(config["KEY_PREFIX"]),
+        "breaker": _breaker,
+    }
+    url: RedisURL | None = config["REDIS_URL"]
+    if url is not None and url.kind == "cluster":
+        try:
+            cluster = importlib.import_module("ratelimits.engine.cluster")
+        except ImportError as exc:
+            if exc.name != "ratelimits.engine.cluster":
+                raise
+            raise ImproperlyConfigured(
+                f"RATELIMITS['REDIS_URL'] = {url.shown!r} names a Redis Cluster, but cluster "
+                "support is not installed in this version of ratelimits "
+                "(ratelimits.engine.cluster is missing): upgrade ratelimits, or point "
+                "REDIS_URL at one server (redis://, rediss://, unix://)."
+            ) from None
+        return cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]), **shared)
+    from ratelimits.engine import RedisEngine
+
+    if url is not None:
+        return RedisEngine(url_client(url, *timeouts), **shared)
+    alias = config["CACHE"]
+    if cache_backend(alias) is None:
+        raise ImproperlyConfigured(
+            f"RATELIMITS['CACHE'] is {alias!r}, which is not an alias in CACHES: name one "
+            "of your CACHES aliases, or set RATELIMITS['REDIS_URL']."
+        )
+    client = redis_client_for(alias)
+    if client is None:
+        return get_local_engine()
+    return RedisEngine(limiter_client(client, *timeouts), **shared)
+
+
+def _reach_cluster(url: RedisURL, timeouts: tuple[float, float], breaker: Any) -> Any:
+    """The cluster client, or EngineUnavailable so that policies follow their on_error.
+
+    Building it asks a seed node for the slot map, so a cluster that is down when the
+    process first needs it would otherwise fail every request outside the engine; the
+    breaker (the one the engine then keeps) spares the seeds a connection per request.
+    """
+    from redis.exceptions import RedisClusterException, RedisError
+
+    from ratelimits.engine.errors import EngineUnavailable
+
+    if not breaker.allow():
+        raise EngineUnavailable("no seed node of REDIS_URL answered (circuit open)")
+    try:
+        client = cluster_client(url, *timeouts)
+    except (RedisClusterException, RedisError) as exc:
+        breaker.failure()
+        raise EngineUnavailable(f"no seed node of {url.shown} answered: {exc}") from exc
+    breaker.success()
+    return client
 
 
 def get_local_engine() -> Any:
@@ -136,16 +233,18 @@ def get_local_engine() -> Any:
 
 
 def is_shared() -> bool:
-    """Whether limits are shared between processes (a Redis-backed cache is configured)."""
-    return is_redis_backend(cache_backend(get_config()["CACHE"]))
+    """Whether limits are shared between processes (REDIS_URL or a Redis-backed cache)."""
+    config = get_config()
+    return config["REDIS_URL"] is not None or is_redis_backend(cache_backend(config["CACHE"]))
 
 
 def reset_engines() -> None:
     """Forget the engines; the next call builds them from the current settings."""
-    global _engine, _local
+    global _engine, _local, _breaker
     with _lock:
         _engine = None
         _local = None
+        _breaker = None
 
 
 @receiver(setting_changed)
