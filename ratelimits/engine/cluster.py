@@ -114,10 +114,12 @@ class ClusterEngine:
         self.version_key = version_key
         self.stats = stats
         self.breaker = breaker
-        self._slot = self.client.register_script(slot_source())
-        self._refund = self.client.register_script(refund_source())
-        self._renew = self.client.register_script(renew_source())
-        self._offend = self.client.register_script(offend_source())
+        # redis-py's stubs type register_script for Redis only; RedisCluster has it too
+        register: Any = getattr(client, "register_script")  # noqa: B009
+        self._slot = register(slot_source())
+        self._refund = register(refund_source())
+        self._renew = register(renew_source())
+        self._offend = register(offend_source())
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
