@@ -280,6 +280,31 @@ def test_one_seed_of_the_cluster_url_finds_every_primary_with_the_limiters_timeo
         client.close()
 
 
+def test_a_cluster_url_decides_every_policy_of_a_request_on_the_cluster(
+    client, make_policy, cluster, settings, redis_client
+):
+    """The whole path on a real cluster: the middleware's policies (an ip, a header and a
+    global key: three hash tags) decided together, all or nothing, and a policy edit seen."""
+    from ratelimits.engine.cluster import ClusterEngine
+
+    use_url(settings, cluster.url)
+    assert isinstance(get_engine(), ClusterEngine)
+    make_policy(name="per-ip", limit=3, path="/hello/", on_error="deny")
+    make_policy(name="per-key", limit=2, path="/hello/", key="header:X-Key", on_error="deny")
+    make_policy(name="everyone", limit=10, path="/hello/", key="global", on_error="deny")
+    statuses = [client.get("/hello/", HTTP_X_KEY="k").status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]  # per-key refused the third: nothing charged
+    # per-ip was not charged for the refused request, so another key still gets one
+    assert client.get("/hello/", HTTP_X_KEY="other").status_code == 200
+    assert client.get("/hello/", HTTP_X_KEY="third").status_code == 429  # per-ip: 3 used
+    assert sum(cluster.client(p).dbsize() for p in cluster.primary_ports()) >= 3
+    assert prefixed_keys(redis_client) == set()  # the state lives on the cluster only
+
+    # a policy saved now is seen by the next request (the version key on the cluster)
+    make_policy(name="late", limit=1, path="/late/", key="global", on_error="deny")
+    assert [client.get("/late/").status_code for _ in range(2)] == [404, 429]
+
+
 def test_the_cluster_client_follows_moved_although_it_never_retries(cluster, settings):
     use_url(settings, cluster.url)
     from ratelimits.conf import get_config
