@@ -87,9 +87,10 @@ class Recorder:
         kind = type(engine)
         child = self._backends.get(kind)
         if child is None:
-            from ratelimits.engine import RedisEngine
+            from ratelimits.engine import MemoryEngine
 
-            backend = "redis" if issubclass(kind, RedisEngine) else "memory"
+            # one server or a cluster (ClusterEngine): both are Redis round trips
+            backend = "memory" if issubclass(kind, MemoryEngine) else "redis"
             child = self._backends[kind] = self.engine_seconds.labels(backend)
         return child
 
