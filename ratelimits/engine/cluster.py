@@ -128,6 +128,7 @@ class ClusterEngine:
         self._offenders: dict[tuple[str, int], dict[str, int]] = {}
         self._flushed_at = time.monotonic()
         self._flushing = False
+        self._closing = threading.Event()
         # after a node failed, the slot map is read again before the next call (at most
         # once per REFRESH_EVERY): a promoted replica or a moved node is then found
         self._stale = False
@@ -334,13 +335,18 @@ class ClusterEngine:
                     who = result.limit.key[:OFFENDER_CHARS]
                     offenders = self._offenders.setdefault((name, hour), {})
                     offenders[who] = offenders.get(who, 0) + 1
-            due = time.monotonic() - self._flushed_at >= FLUSH_EVERY and not self._flushing
-            if due:
+            # one flush pending at a time: at once when the last one is a second old, else
+            # when it will be, so a process that goes quiet still sends its last counts
+            schedule = not self._flushing
+            if schedule:
                 self._flushing = True
-        if due:
-            self._executor().submit(self._flush_quietly)
+                wait = max(0.0, FLUSH_EVERY - (time.monotonic() - self._flushed_at))
+        if schedule:
+            self._executor().submit(self._flush_quietly, wait)
 
-    def _flush_quietly(self) -> None:
+    def _flush_quietly(self, wait: float = 0.0) -> None:
+        if wait:
+            self._closing.wait(wait)  # close() cuts the wait short and flushes
         with contextlib.suppress(EngineError):  # the tally was put back for the next one
             self.flush()
 
@@ -394,6 +400,7 @@ class ClusterEngine:
 
     def close(self) -> None:
         """Flush what is tallied and stop the engine's threads (also run at exit)."""
+        self._closing.set()
         with contextlib.suppress(EngineError):
             self.flush()
         pool, self._pool = self._pool, None

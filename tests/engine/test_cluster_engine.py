@@ -18,7 +18,7 @@ from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, MemoryEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.contract import encode
-from ratelimits.engine.keys import base_key, period_us, to_us
+from ratelimits.engine.keys import base_key, period_us, stats_key, to_us
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 from tests.engine.test_conformance import SCENARIOS
@@ -367,3 +367,22 @@ def test_limits_apply_again_once_a_replica_took_over_a_killed_primary():
         engine.close()
     finally:
         small.stop()
+
+
+def test_a_quiet_process_still_sends_its_last_counts(client, engine):
+    """No request after the last one: the tally reaches the cluster within FLUSH_EVERY
+    anyway (read straight from the cluster: counters() would flush first)."""
+    from ratelimits.engine.cluster import FLUSH_EVERY
+
+    limit = Limit("ip:1", "fixed_window", 1, 60, name="quiet")
+    engine.evaluate([limit], now=T0)
+    engine.evaluate([limit], now=T0 + 1)  # and then nothing more
+    key = stats_key("rl:", "quiet", int(T0 // 60))
+    deadline = time.monotonic() + FLUSH_EVERY + 5
+    seen = {}
+    while time.monotonic() < deadline:  # a background flush, not a window: poll it
+        seen = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
+        if seen == {"a": 1, "r": 1}:
+            break
+        time.sleep(0.05)
+    assert seen == {"a": 1, "r": 1}
