@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import capacity, common, e2e, engine, exactness, memory, replay
+from bench import capacity, cluster, common, e2e, engine, exactness, memory, replay
 from bench.common import Section, table
 
 SECTIONS = {
@@ -27,6 +27,7 @@ SECTIONS = {
     "4": memory.run,
     "5": exactness.run,
     "6": replay.run,
+    "7": cluster.run,
 }
 
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [n.strip() for n in opts.only.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-6")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-7")
 
     start = time.perf_counter()
     sections = []

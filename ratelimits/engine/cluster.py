@@ -63,6 +63,10 @@ __all__ = [
 FLUSH_EVERY = 1.0
 #: After a node failed, the cluster's slot map is read again at most this often (seconds).
 REFRESH_EVERY = 0.5
+#: How long a windowed limit's call waits for its slot's keys to finish migrating, and
+#: how often it looks (seconds): MIGRATE moves a slot's few keys in milliseconds.
+_MIGRATION_WAIT = 0.2
+_MIGRATION_POLL = 0.005
 #: Replies a slot's call answers that mean "not run here, send it again elsewhere".
 _REDIRECTS = (NoScriptError, MovedError, AskError, TryAgainError)
 #: The cluster client's own failures (no node reachable, no slot owner) are not
@@ -85,12 +89,28 @@ def cluster_offender_errors_key(prefix: str, name: str, hour: int) -> str:
 
 
 class _Call:
-    """One script call (or, with no script, a GET of `keys[0]`) bound for one slot."""
+    """One script call (or, with no script, a GET of `keys[0]`) bound for one slot.
+    `windows`: the window keys its windowed limits may touch, undeclared (see `_moved`)."""
 
-    __slots__ = ("args", "keys", "script")
+    __slots__ = ("args", "keys", "script", "windows")
 
-    def __init__(self, script: Any, keys: list[str], args: list[Any]) -> None:
+    def __init__(self, script: Any, keys: list[str], args: list[Any],
+                 windows: list[str] | None = None) -> None:
         self.script, self.keys, self.args = script, keys, args
+        self.windows = windows or []
+
+
+def _windows(prefix: str, limits: Sequence[Limit], now: float | None) -> list[str]:
+    """The window keys of the windowed limits about `now` (this clock when None: one
+    window either side covers a server clock that differs by less than a period)."""
+    at = to_us(time.time() if now is None else now)
+    out: list[str] = []
+    for limit in limits:
+        if REGISTRY[limit.algorithm].windowed:
+            key, period = base_key(prefix, limit), period_us(limit)
+            win = math.floor(at / period)
+            out += (f"{key}:{w}" for w in (win - 1, win, win + 1))
+    return out
 
 
 class ClusterEngine:
@@ -169,10 +189,10 @@ class ClusterEngine:
                 token = new_token()
         calls: dict[int, _Call] = {}
         for slot, indexes in groups.items():
-            keys, args, _ = encode([limits[i] for i in indexes], prefix=self.prefix, now=now,
-                                   stats=False)
+            mine = [limits[i] for i in indexes]
+            keys, args, _ = encode(mine, prefix=self.prefix, now=now, stats=False)
             args[_TOKEN] = token  # one token for the whole request: release() names it
-            calls[slot] = _Call(self._slot, keys, args)
+            calls[slot] = _Call(self._slot, keys, args, _windows(self.prefix, mine, now))
         version_slot = -1
         if self.version_key:
             calls[version_slot] = _Call(None, [self.version_key], [])
@@ -233,7 +253,9 @@ class ClusterEngine:
                 raw[r + 1] = int(raw[r + 1]) + limit.cost
                 raw[r + 5] = "o"
             if keys:
-                calls[slot] = _Call(self._refund, keys, args)
+                charged = [limits[i] for i in groups[slot]]
+                calls[slot] = _Call(self._refund, keys, args,
+                                    _windows(self.prefix, charged, int(reply[1]) / US))
         self._fanout(calls)
 
     # -- the fan-out --------------------------------------------------------------------
@@ -247,15 +269,19 @@ class ClusterEngine:
         if self._stale:
             self._refresh()
         by_node: dict[str, tuple[Any, list[int]]] = {}
+        sent_to: dict[int, Any] = {}
         get_node = self.client.nodes_manager.get_node_from_slot
         for slot, call in calls.items():
-            node = get_node(slot if slot >= 0 else self.client.keyslot(call.keys[0]))
+            node = sent_to[slot] = get_node(slot if slot >= 0 else
+                                            self.client.keyslot(call.keys[0]))
             by_node.setdefault(node.name, (node, []))[1].append(slot)
         try:
             replies = self._exchange(list(by_node.values()), calls)
             for slot, reply in replies.items():
                 if isinstance(reply, _REDIRECTS):
                     call = calls[slot]
+                    if isinstance(reply, AskError) and call.windows:
+                        self._moved(sent_to[slot], call.windows)
                     replies[slot] = (self.client.get(call.keys[0]) if call.script is None
                                      else call.script(keys=call.keys, args=call.args))
                 elif isinstance(reply, Exception):
@@ -266,6 +292,31 @@ class ClusterEngine:
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
         return replies
+
+    def _moved(self, source: Any, windows: list[str]) -> None:
+        """Wait (briefly) until a migrating slot's window keys have left `source`.
+
+        A node sends ASK for a migrating slot when a call's *declared* keys are missing.
+        A windowed limit declares its base key, which never exists: its counts live in
+        undeclared window keys, which may still be on the source. Run on the importing
+        node then, the call would start the window from zero beside the real count. So
+        the call follows the ASK only once the source holds none of its window keys (a
+        multi-key EXISTS there answers ASK when all are gone, TRYAGAIN when some are);
+        a node never takes back a key of a slot it is migrating, so none can return."""
+        server = self.client.get_redis_connection(source)
+        deadline = time.monotonic() + _MIGRATION_WAIT
+        while True:
+            try:
+                if not server.exists(*windows):
+                    return
+            except (AskError, MovedError):
+                return
+            except TryAgainError:
+                pass
+            if time.monotonic() >= deadline:
+                raise EngineUnavailable("a slot is migrating and its window keys have not "
+                                        "moved yet; try again")
+            time.sleep(_MIGRATION_POLL)
 
     def _refresh(self) -> None:
         """Read the slot map again (a failover or a reshard moved slots)."""
