@@ -8,6 +8,7 @@ import signal
 import pytest
 import redis
 
+from tests.redis_cluster import RedisCluster
 from tests.redis_server import RedisProcess
 
 
@@ -66,3 +67,17 @@ def private_redis():
         if server.proc is not None and server.proc.poll() is None:
             server.proc.send_signal(signal.SIGCONT)
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A real Redis Cluster (3 primaries, 3 replicas) of this test module's own, so a module
+    may move its slots or kill its nodes; fails, never skips, when one cannot start."""
+    try:
+        started = RedisCluster().start()
+    except RuntimeError as exc:
+        pytest.fail(f"the cluster tests need a Redis Cluster: {exc}")
+    try:
+        yield started
+    finally:
+        started.stop()

@@ -36,19 +36,8 @@ from tests.django.test_metrics import (
 )
 from tests.django.test_promises_store import PREFIX
 from tests.django.test_redis_url import use_url
-from tests.redis_cluster import RedisCluster
 
 URL = "/admin/ratelimits/policy/"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        started = RedisCluster().start()
-    except RuntimeError as exc:
-        pytest.fail(f"the cluster tests need a Redis Cluster: {exc}")
-    yield started
-    started.stop()
 
 
 @pytest.fixture

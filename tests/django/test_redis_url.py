@@ -242,16 +242,6 @@ def test_decisions_land_on_the_tls_server_with_the_urls_certificates(
 # -- a Redis Cluster -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    try:
-        started = RedisCluster().start()
-    except RuntimeError as exc:
-        pytest.fail(f"the cluster tests need a Redis Cluster: {exc}")
-    yield started
-    started.stop()
-
-
 def test_one_seed_of_the_cluster_url_finds_every_primary_with_the_limiters_timeouts(
     cluster, settings
 ):

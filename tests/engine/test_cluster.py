@@ -9,18 +9,8 @@ import redis.cluster
 
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine
 from tests.engine.conftest import T0
-from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    started = RedisCluster().start()  # fails, never skips, when a cluster cannot start
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

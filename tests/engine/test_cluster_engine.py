@@ -27,15 +27,6 @@ from tests.redis_cluster import RedisCluster
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    started = RedisCluster().start()  # fails, never skips, when a cluster cannot start
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 def _client(cluster: RedisCluster) -> redis.cluster.RedisCluster:
     return redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
 

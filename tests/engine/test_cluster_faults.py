@@ -73,15 +73,6 @@ def migrate_slot(cluster: RedisCluster, slot: int, source: int, target: int,
     between("owned")  # the target owns the slot; stale slot maps get MOVED
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    started = RedisCluster().start()  # its own: these tests move its slots
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 @pytest.fixture
 def client(cluster):
     c = _client(cluster.ports)
