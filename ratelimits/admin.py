@@ -79,6 +79,7 @@ class PolicyAdmin(_ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "description", "mode", "priority")}),
         ("Rate", {"fields": ("algorithm", "limit", "period", "burst", "cost")}),
+        ("Counting", {"fields": ("counting", "batch")}),
         ("Which requests", {"fields": ("key", "path", "methods", "scope")}),
         ("When the store is unreachable", {"fields": ("on_error",)}),
         ("History", {"fields": ("created", "updated"), "classes": ("collapse",)}),

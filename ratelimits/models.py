@@ -25,6 +25,7 @@ _LIMIT_ERROR_FIELDS = (
     ("limit must", "limit"),
     ("period must", "period"),
     ("burst", "burst"),
+    ("batch", "batch"),
     ("cost must", "cost"),
     ("cost ", "cost"),
 )
@@ -34,6 +35,11 @@ class Mode(models.TextChoices):
     ENFORCE = "enforce", "enforce"
     SHADOW = "shadow", "shadow (log only)"
     OFF = "off", "off"
+
+
+class Counting(models.TextChoices):
+    SHARED = "shared", "shared by every process (the store)"
+    PER_PROCESS = "per_process", "per process (no store call)"
 
 
 class OnError(models.TextChoices):
@@ -109,6 +115,20 @@ class Policy(models.Model):
     )
     cost = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)], help_text="Units one request consumes."
+    )
+    batch = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Units a process takes from the store at once and spends locally (a "
+        "lease): far fewer store calls, never more admitted than the limit. Fixed and "
+        "sliding window only; empty: every request asks the store.",
+    )
+    counting = models.CharField(
+        max_length=12,
+        choices=Counting.choices,
+        default=Counting.SHARED,
+        help_text="Per process: each process counts alone, without a store call (a "
+        "per-node safety net beside a shared limit).",
     )
     key = models.CharField(
         max_length=255,
@@ -204,6 +224,12 @@ class Policy(models.Model):
         except ValueError as exc:
             add("path", str(exc))
 
+        if self.batch is not None and self.counting == Counting.PER_PROCESS:
+            add(
+                "batch",
+                "A per-process policy never calls the store, so it has no batch to lease; "
+                "clear batch or count shared.",
+            )
         spec = REGISTRY.get(self.algorithm)
         if self.burst is not None and spec is not None and not spec.has_burst:
             choices = [REGISTRY[name].label for name in BURST_ALGORITHMS]
@@ -238,6 +264,7 @@ class Policy(models.Model):
             cost=self.cost,
             shadow=self.mode == Mode.SHADOW,
             name=self.name,
+            batch=self.batch if self.counting == Counting.SHARED else None,
         )
 
     @property

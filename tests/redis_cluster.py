@@ -4,10 +4,16 @@ Each node is a `redis-server --cluster-enabled yes`; `redis-cli --cluster create
 and assigns the slots. Every node needs two free ports: its own and its cluster bus port
 (port + 10000). `start()` returns once every node reports `cluster_state:ok` and every
 replica has finished its first sync, so a failover is possible from then on.
+
+Topology changes for tests: `add_node()` joins an empty primary (for `redis-cli --cluster
+reshard` to fill), `move_node()` restarts a node on another port as the same node (its
+id and its data kept), `wait_agree()` waits until every node sees every other where it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -16,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 BUS_OFFSET = 10000
 
@@ -42,6 +50,26 @@ def free_cluster_ports(count: int, start: int = 21000, stop: int = 30000) -> lis
     return ports
 
 
+@dataclass(frozen=True)
+class ClusterNodeView:
+    """One line of `CLUSTER NODES`: how one node sees another (or itself: `myself`)."""
+
+    node_id: str
+    port: int
+    flags: frozenset[str]
+    primary_id: str | None
+    link: str
+    slots: tuple[str, ...]
+
+
+_FAILING = frozenset({"fail", "fail?", "handshake", "noaddr"})
+
+
+def _healthy(view: ClusterNodeView | None, port: int) -> bool:
+    return (view is not None and view.port == port and not view.flags & _FAILING
+            and (view.link == "connected" or "myself" in view.flags))
+
+
 @dataclass
 class RedisCluster:
     """`primaries` primaries with `replicas` replicas each, killed and removed by `stop()`."""
@@ -52,6 +80,9 @@ class RedisCluster:
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     workdir: str = ""
+    #: port -> the name of the node's files (`nodes-<name>.conf`, `dump-<name>.rdb`): the
+    #: port it first started on, kept when `move_node()` restarts it on another port
+    names: dict[int, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -88,13 +119,16 @@ class RedisCluster:
         self.wait_ok(timeout)
         return self
 
-    def start_node(self, port: int) -> None:
-        """(Re)start the node of `port` with its own config file (so a restart rejoins)."""
+    def start_node(self, port: int, name: str | None = None) -> None:
+        """(Re)start the node of `port` with its own config and data files (so a restart
+        rejoins as the same node); `name` names the files of a node moved from elsewhere.
+        No automatic snapshots: `move_node()` saves on the way down."""
         binary = shutil.which("redis-server") or "redis-server"
+        name = self.names[port] = name or self.names.get(port) or str(port)
         self.procs[port] = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.workdir,
-             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+             "--appendonly", "no", "--dir", self.workdir, "--dbfilename", f"dump-{name}.rdb",
+             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{name}.conf",
              "--cluster-node-timeout", str(self.node_timeout_ms)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -143,6 +177,117 @@ class RedisCluster:
         return [p for p in self.live_ports() if self.client(p).info("replication")["role"]
                 == "master"]
 
+    def node_id(self, port: int) -> str:
+        raw = self.client(port).execute_command("CLUSTER", "MYID")
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def nodes(self, port: int) -> dict[str, ClusterNodeView]:
+        """What the node on `port` knows of every node (`CLUSTER NODES`), by node id."""
+        raw = self.client(port).execute_command("CLUSTER", "NODES")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        out: dict[str, ClusterNodeView] = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) < 8:
+                continue
+            address = parts[1].split("@")[0]
+            out[parts[0]] = ClusterNodeView(
+                node_id=parts[0], port=int(address.rsplit(":", 1)[1] or 0),
+                flags=frozenset(parts[2].split(",")),
+                primary_id=None if parts[3] == "-" else parts[3],
+                link=parts[7], slots=tuple(parts[8:]),
+            )
+        return out
+
+    def wait_agree(self, timeout: float = 30.0) -> None:
+        """Until every live node knows every live node at its current port, linked and
+        without a failure flag, and `wait_ok()` holds."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                live = {self.node_id(p): p for p in self.live_ports()}
+                views = {p: self.nodes(p) for p in live.values()}
+                last = next((f"{p} sees {v.get(i)}" for p, v in views.items()
+                             for i, q in live.items() if not _healthy(v.get(i), q)), "")
+                if not last:
+                    break
+            except redis.RedisError as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"the cluster's nodes did not agree in {timeout}s: {last}")
+        self.wait_ok(max(0.1, deadline - time.monotonic()))
+
+    def add_node(self, timeout: float = 30.0) -> int:
+        """Start an empty node and join it as a primary without slots (`redis-cli
+        --cluster add-node`); returns its port once every node knows it."""
+        cli = shutil.which("redis-cli") or "redis-cli"
+        seed = self.primary_ports()[0]
+        port = self._start_elsewhere(None, timeout)
+        self.ports.append(port)
+        add = subprocess.run(
+            [cli, "--cluster", "add-node", f"127.0.0.1:{port}", f"127.0.0.1:{seed}"],
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if add.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster add-node failed:\n{add.stdout}{add.stderr}")
+        self.wait_agree(timeout)
+        return port
+
+    def move_node(self, port: int, timeout: float = 30.0) -> int:
+        """Restart the node of `port` on a new port, as the same node; returns the new port
+        as soon as the node answers there. The other nodes learn the address from its
+        gossip (`wait_agree()` waits for that).
+
+        The way down keeps every answered write: `CLIENT PAUSE WRITE` (writes already run
+        are answered, later ones wait unrun), then `SHUTDOWN SAVE NOW` (the data saved,
+        without Redis's wait for replicas to acknowledge, which takes seconds). The node
+        comes back with its own config file (its node id, its view of the cluster) and
+        its data."""
+        name = self.names[port]
+        # no retries: the dropped connection is the answer (redis-py retries it for seconds)
+        with contextlib.closing(redis.Redis(port=port, socket_timeout=timeout,
+                                            retry=Retry(NoBackoff(), 0))) as client:
+            client.client_pause(int(timeout * 1000), all=False)
+            client.shutdown(save=True, now=True)  # returns once the connection dropped
+        proc = self.procs.pop(port)
+        proc.wait(timeout=timeout)
+        del self.names[port]
+        new = self._start_elsewhere(name, timeout)
+        self.ports[self.ports.index(port)] = new
+        return new
+
+    def _start_elsewhere(self, name: str | None, timeout: float) -> int:
+        """Start a node on a free port pair and return the port once it answers there.
+        The pair is looked for from a random place in the range (clusters of test runs
+        in parallel all scan from its bottom); when another process binds the port first,
+        this node exits and the next pair is tried."""
+        for _ in range(5):
+            port = free_cluster_ports(1, start=random.randrange(21000, 29000))[0]
+            self.start_node(port, name)
+            if self._answers(port, timeout):
+                return port
+            del self.procs[port], self.names[port]
+        raise RuntimeError("could not start a cluster node: every port tried was taken")
+
+    def _answers(self, port: int, timeout: float) -> bool:
+        """Whether the node started on `port` answers there (this process, not another
+        one on that port); False once it has exited."""
+        proc = self.procs[port]
+        deadline = time.monotonic() + timeout
+        client = self.client(port, retry=Retry(NoBackoff(), 0))
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            try:
+                if client.info("server")["process_id"] == proc.pid:
+                    return True
+            except redis.RedisError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"cluster node {port} did not start in {timeout}s")
+
     def kill(self, port: int) -> None:
         proc = self.procs.get(port)
         if proc is not None and proc.poll() is None:
@@ -153,6 +298,7 @@ class RedisCluster:
         for port in list(self.procs):
             self.kill(port)
         self.procs.clear()
+        self.names.clear()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = ""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 
@@ -77,3 +80,40 @@ class RedisProcess:
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = ""
+
+
+_MONITOR_LINE = re.compile(
+    r'^(?P<at>[\d.]+) \[\d+ (?P<client>[^\]]+)\] "(?P<cmd>[^"]+)"(?: "(?P<sha>[^"]*)")?'
+)
+
+
+def sha(source: str) -> str:
+    """The SHA1 a script of this source runs under (what EVALSHA names)."""
+    return hashlib.sha1(source.encode()).hexdigest()
+
+
+class Monitor:
+    """`redis-cli monitor` into a file: every command a server ran, when and from which
+    connection. INFO commandstats counts EVALSHA calls of every script together; this
+    tells the scripts apart by their SHA."""
+
+    def __init__(self, port: int, path: Path) -> None:
+        self.path = path
+        self.out = path.open("w")
+        self.proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=self.out)
+        time.sleep(0.2)  # MONITOR is on before the first command to watch
+
+    def scripts(self, of: str, since: float = 0.0,
+                until: float = float("inf")) -> list[tuple[float, str]]:
+        """Stop watching; (time, client) of each run of the script whose SHA is `of`."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.out.close()
+        out = []
+        for line in self.path.read_text().splitlines():
+            m = _MONITOR_LINE.match(line)
+            if m and m["cmd"].upper() == "EVALSHA" and m["sha"] == of \
+                    and since <= float(m["at"]) <= until:
+                out.append((float(m["at"]), m["client"]))
+        return out

@@ -12,21 +12,18 @@ concurrent observer can see between a charge and its refund.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import math
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
 import redis.cluster
+from redis.cluster import PRIMARY, ClusterNode
 from redis.exceptions import (
     AskError,
+    ClusterDownError,
     MovedError,
     NoScriptError,
     RedisClusterException,
@@ -34,12 +31,13 @@ from redis.exceptions import (
 )
 
 from ratelimits.engine.breaker import CircuitBreaker
-from ratelimits.engine.constants import OFFENDER_CHARS, STATS_TTL, US
+from ratelimits.engine.constants import STATS_TTL, US
 from ratelimits.engine.contract import (
     FIELDS,
     HEAD_ARGS,
     assemble,
     encode,
+    lease_source,
     offend_source,
     refund_source,
     renew_source,
@@ -47,8 +45,11 @@ from ratelimits.engine.contract import (
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keys import base_key, guaranteed, new_token, period_us, stats_key, to_us
+from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease, returned_units
+from ratelimits.engine.live import Heartbeat, live_source
 from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.tally import FLUSH_EVERY, Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = [
@@ -59,8 +60,6 @@ __all__ = [
     "cluster_offenders_key",
 ]
 
-#: Tallied counters and offenders reach the cluster at most this late (seconds).
-FLUSH_EVERY = 1.0
 #: After a node failed, the cluster's slot map is read again at most this often (seconds).
 REFRESH_EVERY = 0.5
 #: How long a windowed limit's call waits for its slot's keys to finish migrating, and
@@ -70,12 +69,17 @@ _MIGRATION_POLL = 0.005
 #: Replies a slot's call answers that mean "not run here, send it again elsewhere".
 _REDIRECTS = (NoScriptError, MovedError, AskError, TryAgainError)
 #: The cluster client's own failures (no node reachable, no slot owner) are not
-#: RedisErrors: they mean the store is out of reach, like a refused connection.
-_UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException)
+#: RedisErrors: they mean the store is out of reach, like a refused connection. So does
+#: CLUSTERDOWN (and MASTERDOWN): a node answers it while a slot has no owner it can
+#: reach, and for two seconds after a primary restarts, before it serves writes again.
+_UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException,
+                                             ClusterDownError)
 #: slot.lua's reply: admitted, now_us, then per limit the result fields and s1, s2.
 _SLOT_HEAD = 2
 _PER = FIELDS + 2
 _TOKEN = HEAD_ARGS.index("token")
+#: The fan-out's ids of the calls that route by their key: the version GET, the heartbeat.
+_VERSION, _LIVE = -1, -2
 
 
 def cluster_offenders_key(prefix: str, name: str, hour: int) -> str:
@@ -128,6 +132,7 @@ class ClusterEngine:
         version_key: str | None = None,
         stats: bool = True,
         breaker: CircuitBreaker | None = None,
+        live_key: str | None = None,
     ) -> None:
         self.client: Any = client
         self.prefix = prefix
@@ -140,20 +145,19 @@ class ClusterEngine:
         self._refund = register(refund_source())
         self._renew = register(renew_source())
         self._offend = register(offend_source())
+        self._live = register(live_source())
+        #: With a `live_key`, calls carry a heartbeat now and then (see `engine.live`): the
+        #: live set is one key on one node, its call one more in the fan-out.
+        self.heartbeat = Heartbeat(live_key) if live_key else None
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
-        # the tally: (name, minute) -> field -> n; (name, hour) -> who -> n
-        self._counts: dict[tuple[str, int], dict[str, int]] = {}
-        self._offenders: dict[tuple[str, int], dict[str, int]] = {}
-        self._flushed_at = time.monotonic()
-        self._flushing = False
-        self._closing = threading.Event()
+        #: counters and offenders: a slot's script may not touch their keys
+        self.tally = Tally(self._send)
         # after a node failed, the slot map is read again before the next call (at most
         # once per REFRESH_EVERY): a promoted replica or a moved node is then found
         self._stale = False
         self._refreshed_at = -math.inf
-        atexit.register(_close_at_exit, weakref.ref(self))
+        # nodes an ASK named that the client's slot map lacks (a primary without slots)
+        self._strangers: dict[tuple[str, int], Any] = {}
 
     # -- deciding ---------------------------------------------------------------------
 
@@ -162,21 +166,7 @@ class ClusterEngine:
         slots: a slot that charged is refunded when another slot refused."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
-        breaker = self.breaker
-        if breaker is not None and not breaker.allow():
-            raise EngineUnavailable("circuit open after repeated store failures")
-        try:
-            decision = self._evaluate(limits, now)
-        except EngineUnavailable:
-            if breaker is not None:
-                breaker.failure()
-            raise
-        except EngineError:
-            if breaker is not None:
-                breaker.failure()
-            raise
-        if breaker is not None:
-            breaker.success()
+        decision: Decision = self._breaking(lambda: self._evaluate(limits, now))
         return decision
 
     def _evaluate(self, limits: Sequence[Limit], now: float | None) -> Decision:
@@ -193,10 +183,10 @@ class ClusterEngine:
             keys, args, _ = encode(mine, prefix=self.prefix, now=now, stats=False)
             args[_TOKEN] = token  # one token for the whole request: release() names it
             calls[slot] = _Call(self._slot, keys, args, _windows(self.prefix, mine, now))
-        version_slot = -1
+        version_slot = _VERSION
         if self.version_key:
             calls[version_slot] = _Call(None, [self.version_key], [])
-        replies = self._fanout(calls)
+        replies = self._fanout_beating(calls, now)
         raw, undo, now_us = self._collect(limits, groups, replies)
         admitted = len(undo) == len(groups)
         if not admitted and undo:
@@ -208,7 +198,7 @@ class ClusterEngine:
         decision = assemble(limits, raw, admitted=admitted, version=version,
                             token=token or None)
         if self.stats and now_us is not None:
-            self._tally(decision, now_us)
+            self.tally.add(decision, now_us)
         return decision
 
     @staticmethod
@@ -258,6 +248,46 @@ class ClusterEngine:
                                     _windows(self.prefix, charged, int(reply[1]) / US))
         self._fanout(calls)
 
+    # -- the version and the heartbeat ------------------------------------------------
+
+    @property
+    def live_instances(self) -> int | None:
+        """Processes that beat within the TTL at this one's last beat (None: no beat yet)."""
+        return None if self.heartbeat is None else self.heartbeat.count
+
+    def read_version(self, now: float | None = None) -> int:
+        """The policy version alone: one GET, with a heartbeat beside it when one is due
+        (the nodes at once)."""
+        if not self.version_key:
+            raise EngineError("this engine was built without a version_key")
+        breaker = self.breaker
+        if breaker is not None and not breaker.allow():
+            raise EngineUnavailable("circuit open after repeated store failures")
+        try:
+            raw = self._fanout_beating({_VERSION: _Call(None, [self.version_key], [])},
+                                       now)[_VERSION]
+        except EngineError:
+            if breaker is not None:
+                breaker.failure()
+            raise
+        if breaker is not None:
+            breaker.success()
+        return int(raw) if raw is not None else 0
+
+    def _fanout_beating(self, calls: dict[int, _Call], now: float | None) -> dict[int, Any]:
+        """`_fanout(calls)`, with the heartbeat's call among them when one is due."""
+        beat = self.heartbeat
+        if beat is None or not beat.due():
+            return self._fanout(calls)
+        calls[_LIVE] = _Call(self._live, [beat.key], beat.args(now))
+        try:
+            replies = self._fanout(calls)
+        except EngineError:
+            beat.missed()
+            raise
+        beat.learnt(replies.pop(_LIVE))
+        return replies
+
     # -- the fan-out --------------------------------------------------------------------
 
     def _fanout(self, calls: dict[int, _Call]) -> dict[int, Any]:
@@ -278,12 +308,13 @@ class ClusterEngine:
         try:
             replies = self._exchange(list(by_node.values()), calls)
             for slot, reply in replies.items():
-                if isinstance(reply, _REDIRECTS):
-                    call = calls[slot]
-                    if isinstance(reply, AskError) and call.windows:
+                if isinstance(reply, AskError) and not isinstance(reply, MovedError):
+                    call = calls[slot]  # (redis-py's MovedError is an AskError)
+                    if call.windows:
                         self._moved(sent_to[slot], call.windows)
-                    replies[slot] = (self.client.get(call.keys[0]) if call.script is None
-                                     else call.script(keys=call.keys, args=call.args))
+                    replies[slot] = self._ask(reply, call)
+                elif isinstance(reply, _REDIRECTS):
+                    replies[slot] = self._again(calls[slot])
                 elif isinstance(reply, Exception):
                     raise reply
         except _UNAVAILABLE as exc:
@@ -292,6 +323,45 @@ class ClusterEngine:
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
         return replies
+
+    def _again(self, call: _Call) -> Any:
+        """Send a call again through the cluster client (it follows MOVED, loads scripts)."""
+        return (self.client.get(call.keys[0]) if call.script is None
+                else call.script(keys=call.keys, args=call.args))
+
+    def _ask(self, ask: AskError, call: _Call) -> Any:
+        """Send a call that a migrating slot's node answered ASK to the node it names,
+        `ASKING` first; through the cluster client when that node answers MOVED (the slot
+        moved on meanwhile).
+
+        The engine follows ASK itself because redis-py follows it only to a node of its
+        slot map, and a primary just added (`redis-cli --cluster add-node`) is in no slot
+        map until it owns a slot: redis-py fails with AttributeError then (redis-py issue
+        4015). The script goes as EVAL: the importing node may not have loaded it."""
+        node = self.client.get_node(host=ask.host, port=ask.port)
+        if node is None:
+            with self._lock:
+                node = self._strangers.get(ask.node_addr)
+                if node is None:
+                    node = ClusterNode(ask.host, ask.port, PRIMARY)  # type: ignore[no-untyped-call]
+                    self.client.nodes_manager.create_redis_connections([node])
+                    self._strangers[ask.node_addr] = node
+        pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        if call.script is None:
+            pipe.execute_command("GET", call.keys[0])
+        else:
+            pipe.execute_command("EVAL", call.script.script, len(call.keys), *call.keys,
+                                 *call.args)
+        reply = pipe.execute(raise_on_error=False)[1]
+        if isinstance(reply, MovedError):  # the slot finished moving meanwhile
+            return self._again(call)
+        if isinstance(reply, TryAgainError):  # several keys, not all of them moved yet
+            raise EngineUnavailable("a slot is migrating and its keys have not all moved "
+                                    "yet; try again")
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _moved(self, source: Any, windows: list[str]) -> None:
         """Wait (briefly) until a migrating slot's window keys have left `source`.
@@ -359,55 +429,21 @@ class ClusterEngine:
                 server.connection_pool.release(conn)
         return replies
 
-    def _executor(self) -> ThreadPoolExecutor:
-        # the flush runs beside requests, not in front of one
-        if self._pool is None or self._pool_pid != os.getpid():  # threads do not survive fork
-            with self._lock:
-                if self._pool is None or self._pool_pid != os.getpid():
-                    self._pool = ThreadPoolExecutor(max_workers=1,
-                                                    thread_name_prefix="ratelimits-flush")
-                    self._pool_pid = os.getpid()
-        return self._pool
-
     # -- counters and offenders, tallied in process ------------------------------------
 
-    def _tally(self, decision: Decision, now_us: int) -> None:
-        minute = math.floor(now_us / (60 * US))
-        hour = math.floor(now_us / (3600 * US))
-        with self._lock:
-            for result in decision.results:
-                name = result.limit.name
-                if not name:
-                    continue
-                field = result.outcome.value
-                counts = self._counts.setdefault((name, minute), {})
-                counts[field] = counts.get(field, 0) + 1
-                if field in ("r", "w"):
-                    who = result.limit.key[:OFFENDER_CHARS]
-                    offenders = self._offenders.setdefault((name, hour), {})
-                    offenders[who] = offenders.get(who, 0) + 1
-            # one flush pending at a time: at once when the last one is a second old, else
-            # when it will be, so a process that goes quiet still sends its last counts
-            schedule = not self._flushing
-            if schedule:
-                self._flushing = True
-                wait = max(0.0, FLUSH_EVERY - (time.monotonic() - self._flushed_at))
-        if schedule:
-            self._executor().submit(self._flush_quietly, wait)
-
-    def _flush_quietly(self, wait: float = 0.0) -> None:
-        if wait:
-            self._closing.wait(wait)  # close() cuts the wait short and flushes
-        with contextlib.suppress(EngineError):  # the tally was put back for the next one
-            self.flush()
+    def count_locally(self, decision: Decision, now_us: int) -> None:
+        """Count a decision made without the store's script (see `tally`)."""
+        self.tally.add(decision, now_us)
 
     def flush(self) -> None:
-        """Send the tallied counters and offenders to the cluster now (pipelined, routed
-        by the cluster client). On failure they stay tallied for the next flush."""
-        with self._lock:
-            counts, self._counts = self._counts, {}
-            offenders, self._offenders = self._offenders, {}
-            self._flushed_at = time.monotonic()
+        """Send the tallied counters and offenders to the cluster now (raises
+        EngineUnavailable when it cannot; they stay tallied for the next flush)."""
+        self.tally.flush()
+
+    def _send(self, counts: Counts, offenders: Counts) -> None:
+        """Pipelined counters, routed by the cluster client, and every policy-hour's
+        offenders in one fan-out: a page that flushes first pays one round trip per node,
+        not one per policy (a negative id routes by the key)."""
         try:
             if counts:
                 pipe = self.client.pipeline()
@@ -417,46 +453,29 @@ class ClusterEngine:
                         pipe.hincrby(key, field, n)
                     pipe.expire(key, STATS_TTL)
                 pipe.execute()
-                counts = {}
-            # every policy-hour's script in one fan-out: a page that flushes first pays one
-            # round trip per node, not one per policy (a negative id routes by the key)
-            calls: dict[int, _Call] = {}
-            for i, ((name, hour), whos) in enumerate(offenders.items()):
-                args: list[Any] = []
-                for who, n in whos.items():
-                    args += (who.encode("utf-8", "surrogatepass"), n)
-                calls[-2 - i] = _Call(self._offend,
-                                      [cluster_offenders_key(self.prefix, name, hour),
-                                       cluster_offender_errors_key(self.prefix, name, hour)],
-                                      args)
-            if calls:
-                self._fanout(calls)
-            offenders = {}
-        except (redis.RedisError, RedisClusterException, EngineError) as exc:
-            self._restore(counts, offenders)
-            if isinstance(exc, EngineUnavailable):
-                raise
+                counts.clear()  # delivered: a failure below must not send them twice
+        except (redis.RedisError, RedisClusterException) as exc:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
-        finally:
-            self._flushing = False
-
-    def _restore(self, counts: dict[tuple[str, int], dict[str, int]],
-                 offenders: dict[tuple[str, int], dict[str, int]]) -> None:
-        with self._lock:
-            for tally, back in ((self._counts, counts), (self._offenders, offenders)):
-                for k, fields in back.items():
-                    mine = tally.setdefault(k, {})
-                    for f, n in fields.items():
-                        mine[f] = mine.get(f, 0) + n
+        calls: dict[int, _Call] = {}
+        for i, ((name, hour), whos) in enumerate(offenders.items()):
+            args: list[Any] = []
+            for who, n in whos.items():
+                args += (who.encode("utf-8", "surrogatepass"), n)
+            calls[-2 - i] = _Call(self._offend,
+                                  [cluster_offenders_key(self.prefix, name, hour),
+                                   cluster_offender_errors_key(self.prefix, name, hour)],
+                                  args)
+        if calls:
+            try:
+                self._fanout(calls)
+            except EngineError as exc:
+                if isinstance(exc, EngineUnavailable):
+                    raise
+                raise EngineUnavailable(str(exc)) from exc
 
     def close(self) -> None:
         """Flush what is tallied and stop the engine's threads (also run at exit)."""
-        self._closing.set()
-        with contextlib.suppress(EngineError):
-            self.flush()
-        pool, self._pool = self._pool, None
-        if pool is not None and self._pool_pid == os.getpid():
-            pool.shutdown(wait=True)
+        self.tally.close()
 
     # -- everything else ----------------------------------------------------------------
 
@@ -537,6 +556,81 @@ class ClusterEngine:
         win = math.floor(now_us / period_us(limit))
         self._guard(lambda: self.client.delete(key, f"{key}:{win}", f"{key}:{win - 1}"))
 
+    # -- leases (see engine/lease.py) -------------------------------------------------
+
+    _lease_script: Any = None  # registered on first use: most sites lease nothing
+
+    def lease(
+        self,
+        limits: Sequence[Limit],
+        now: float | None = None,
+        *,
+        back: Sequence[Leftover] = (),
+    ) -> list[Grant]:
+        """Take a lease of `batch` units for each of `limits` after giving back `back`
+        (see `RedisEngine.lease`): one call per slot, the nodes at once."""
+        grants, _ = self._leases(limits, back, now)
+        return grants
+
+    def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
+        """Return the unspent units of ended leases (see `RedisEngine.give_back`)."""
+        return self._leases((), back, now)[1] if back else 0
+
+    def _leases(self, limits: Sequence[Limit], back: Sequence[Leftover],
+                now: float | None) -> tuple[list[Grant], int]:
+        if not limits and not back:
+            return [], 0
+        if self._lease_script is None:
+            register: Any = getattr(self.client, "register_script")  # noqa: B009
+            self._lease_script = register(lease_source())
+        keyslot = self.client.keyslot
+        wanted: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (limits, give-backs)
+        for i, item in enumerate(back):
+            wanted.setdefault(keyslot(base_key(self.prefix, item.limit)), ([], []))[1].append(i)
+        for i, limit in enumerate(limits):
+            wanted.setdefault(keyslot(base_key(self.prefix, limit)), ([], []))[0].append(i)
+        calls: dict[int, _Call] = {}
+        parts: dict[int, tuple[list[Limit], list[Leftover]]] = {}
+        for slot, (mine, theirs) in wanted.items():
+            part = parts[slot] = ([limits[i] for i in mine], [back[i] for i in theirs])
+            keys, args = encode_lease(self.prefix, *part, now)
+            calls[slot] = _Call(self._lease_script, keys, args,
+                                _windows(self.prefix, [*part[0], *(b.limit for b in part[1])],
+                                         now))
+        replies = self._lease_fanout(calls)
+        grants: list[Grant | None] = [None] * len(limits)
+        returned = 0
+        try:
+            for slot, (mine, _) in wanted.items():
+                for i, grant in zip(mine, decode_lease(*parts[slot], replies[slot]),
+                                    strict=True):
+                    grants[i] = grant
+                returned += returned_units(parts[slot][1], replies[slot])
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        return [g for g in grants if g is not None], returned
+
+    def _lease_fanout(self, calls: dict[int, _Call]) -> dict[int, Any]:
+        """`_fanout()` behind the breaker, as `evaluate()` runs it."""
+        replies: dict[int, Any] = self._breaking(lambda: self._fanout(calls))
+        return replies
+
+    def _breaking(self, run: Callable[[], Any]) -> Any:
+        """`run()` behind the circuit breaker: fails fast while it is open, and counts
+        each EngineError (EngineUnavailable included) as a failure."""
+        breaker = self.breaker
+        if breaker is not None and not breaker.allow():
+            raise EngineUnavailable("circuit open after repeated store failures")
+        try:
+            result = run()
+        except EngineError:
+            if breaker is not None:
+                breaker.failure()
+            raise
+        if breaker is not None:
+            breaker.success()
+        return result
+
     @staticmethod
     def _guard(run: Callable[[], Any]) -> Any:
         try:
@@ -545,12 +639,6 @@ class ClusterEngine:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
-
-
-def _close_at_exit(ref: weakref.ref[ClusterEngine]) -> None:
-    engine = ref()
-    if engine is not None:
-        engine.close()
 
 
 def _text(raw: bytes | str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from ratelimits.engine import constants
 from ratelimits.engine.keys import base_key, new_token, period_us, to_us
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.tally import Counts
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
 US = constants.US
@@ -26,6 +27,9 @@ US = constants.US
 HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
 #: ARGV per limit, in this order; KEYS holds one base key per limit.
 LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "name", "who")
+#: After the limits, each count the process tallied alone (`tally`) rides in this order:
+#: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
+CARRY_ARGS = ("kind", "name", "at", "what", "n")
 #: The reply's head, then per limit these values.
 REPLY_HEAD = ("version", "admitted", "now_us")
 RESULT_FIELDS = ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
@@ -42,6 +46,7 @@ LUA_CONSTANTS: dict[str, int | float] = {
     "CONCURRENCY_RETRY": constants.CONCURRENCY_RETRY_US,
     "HEAD": len(HEAD_ARGS),
     "PER_LIMIT": len(LIMIT_ARGS),
+    "CARRY": len(CARRY_ARGS),
 }
 
 _ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
@@ -50,6 +55,18 @@ _ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
 )
 FIELDS = len(RESULT_FIELDS)
 OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
+
+
+def carry(counts: Counts, offenders: Counts) -> list[Any]:
+    """The ARGV tail that carries tallied counts with a batch call (`CARRY_ARGS`)."""
+    out: list[Any] = []
+    for (name, minute), fields in counts.items():
+        for field, n in fields.items():
+            out += ("c", name, minute, field, n)
+    for (name, hour), whos in offenders.items():
+        for who, n in whos.items():
+            out += ("o", name, hour, who.encode("utf-8", "surrogatepass"), n)
+    return out
 
 
 def lua_constants() -> str:
@@ -131,11 +148,11 @@ def refund_source() -> str:
 
 @lru_cache(maxsize=1)
 def offend_source() -> str:
-    """Redis Cluster: the script that adds tallied refusals to offenders (lua/offend.lua)."""
+    """The script that adds tallied refusals to offenders (lua/offend.lua)."""
     lua = resources.files("ratelimits.engine") / "lua"
     return "\n".join(
         ("-- generated from ratelimits/engine/contract.py", lua_constants(),
-         (lua / "offend.lua").read_text("utf-8"))
+         (lua / "prelude.lua").read_text("utf-8"), (lua / "offend.lua").read_text("utf-8"))
     )
 
 
@@ -244,4 +261,30 @@ def assemble(
         delay=delay,
         version=version,
         token=token if holds else None,
+    )
+
+
+# -- leases (lua/lease.lua) --------------------------------------------------------------
+
+#: ARGV per leased limit, after the one head value (now_us); KEYS: one base key each.
+LEASE_ARGS = ("algorithm", "limit", "period_us", "cost", "want", "back_window", "back_units")
+#: The lease script's reply: now_us, then per limit these values.
+LEASE_FIELDS = ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after",
+                "returned")
+
+
+@lru_cache(maxsize=1)
+def lease_source() -> str:
+    """The script that leases units of windowed limits and takes unspent ones back."""
+    lua = resources.files("ratelimits.engine") / "lua"
+    offsets = [f"local LEASE_{name.upper()} = {i}" for i, name in enumerate(LEASE_ARGS, 1)]
+    return "\n".join(
+        (
+            "-- generated from ratelimits/engine/contract.py",
+            lua_constants(),
+            f"local LEASE_PER = {len(LEASE_ARGS)}",
+            *offsets,
+            (lua / "prelude.lua").read_text("utf-8"),
+            (lua / "lease.lua").read_text("utf-8"),
+        )
     )

@@ -7,10 +7,12 @@ both `evaluate()` and `decide()`), count and list offenders as the script does.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ratelimits.engine.algorithms import (
@@ -19,9 +21,11 @@ from ratelimits.engine.algorithms import (
     REMAINING,
     RESET_AFTER,
     RETRY_AFTER,
+    STATE,
     Check,
     CheckFn,
     CommitFn,
+    member,
 )
 from ratelimits.engine.constants import (
     OFFENDER_CHARS,
@@ -42,9 +46,9 @@ from ratelimits.engine.keys import (
 )
 from ratelimits.engine.keyspace import Keyspace
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.types import Decision, Limit, Outcome
 
-__all__ = ["MemoryEngine", "Prepared", "charge"]
+__all__ = ["MemoryEngine", "Prepared", "Receipt", "charge"]
 
 
 class Prepared(NamedTuple):
@@ -61,6 +65,78 @@ class Prepared(NamedTuple):
     #: Its commit names what it holds after the request's token (the in-process sliding
     #: log stores times, not named members: only held slots need a name here).
     needs_token: bool
+
+
+class Receipt(NamedTuple):
+    """What one `MemoryEngine.take()` charged, for `MemoryEngine.refund()`."""
+
+    decision: Decision
+    prepared: tuple[Prepared, ...]
+    checks: tuple[Check, ...]
+    now: float  # µs
+    token: str
+
+
+# -- refunds: each algorithm's charge taken back, as its Lua `--[[refund]]` body does ----
+
+
+def _entry(store: Keyspace, key: str, now: float) -> list[Any] | None:
+    """A key's live entry ([value, expiry, slot]), to change its value and keep its TTL."""
+    entry = store.data.get(key)
+    return entry if entry is not None and now < entry[1] else None
+
+
+def _refund_count(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+    # the window key the charge counted in: a plain sum, exact whatever came since
+    entry = _entry(store, r[STATE][0], now)
+    if entry is not None:
+        entry[0] -= p.cost
+
+
+def _refund_log(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+    entry = _entry(store, p.key, now)
+    if entry is not None:  # the charge wrote `cost` entries at `now`
+        log: list[float] = entry[0]
+        at = bisect.bisect_left(log, now)
+        end = min(bisect.bisect_right(log, now), at + int(p.cost))
+        del log[at:end]
+
+
+def _refund_tokens(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+    entry = _entry(store, p.key, now)
+    if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
+        tokens, ts = r[STATE]
+        entry[0] = (min(p.burst, tokens + p.cost), ts)
+
+
+def _refund_tat(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+    entry = _entry(store, p.key, now)
+    if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
+        tat = r[STATE] - p.cost * p.period_us / p.limit
+        if tat <= now:
+            store.delete(p.key)
+        else:
+            entry[0] = tat
+
+
+def _refund_slots(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+    entry = _entry(store, p.key, now)
+    if entry is not None:
+        for unit in range(1, int(p.cost) + 1):
+            entry[0].pop(member(token, unit), None)
+
+
+_REFUNDS: dict[str, Callable[[Keyspace, Prepared, float, Check, str], None]] = {
+    "fixed_window": _refund_count,
+    "sliding_window": _refund_count,
+    "sliding_log": _refund_log,
+    "token_bucket": _refund_tokens,
+    "leaky_bucket": _refund_tat,
+    "gcra": _refund_tat,
+    "concurrency": _refund_slots,
+}
+if set(_REFUNDS) != set(REGISTRY):  # a new algorithm needs its refund here too
+    raise RuntimeError(f"no in-process refund for {sorted(set(REGISTRY) - set(_REFUNDS))}")
 
 
 def charge(
@@ -98,6 +174,11 @@ class MemoryEngine:
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
+        return self.take(limits, now)[0]
+
+    def take(self, limits: Sequence[Limit], now: float | None = None
+             ) -> tuple[Decision, Receipt | None]:
+        """`evaluate()`, and a receipt of what it charged for `refund()` (None: nothing)."""
         now_f = float(to_us(time.time() if now is None else now))
         prepared = [self.prepare(limit) for limit in limits]
         with self._lock:
@@ -123,7 +204,50 @@ class MemoryEngine:
                                      limit.key[:OFFENDER_CHARS], now_f)
                 raw += [r[ALLOWED], remaining, r[RESET_AFTER], r[RETRY_AFTER], r[DELAY], field]
             version = self._version if self.version_key else None
-        return assemble(limits, raw, admitted=admitted, version=version, token=token or None)
+        decision = assemble(limits, raw, admitted=admitted, version=version,
+                            token=token or None)
+        if not admitted:
+            return decision, None
+        return decision, Receipt(decision, tuple(prepared), tuple(checks), now_f, token)
+
+    def refund(self, receipt: Receipt) -> Decision:
+        """Give back what `take()` charged, because something outside this engine refused
+        the request; returns the decision as if it had been refused here (its admitted
+        limits SPARED, with their units still remaining).
+
+        Exact for the windows, the log and the slots; a bucket, GCRA or queue gets its
+        units back only while its state is still the one the charge wrote (another
+        request since may have built on it: then the charge stays, under-admitting).
+        """
+        decision = receipt.decision
+        now = receipt.now
+        minute = math.floor(now / (60 * US))
+        results = []
+        with self._lock:
+            for result, p, r in zip(decision.results, receipt.prepared, receipt.checks,
+                                    strict=True):
+                if result.outcome is not Outcome.ADMITTED:
+                    results.append(result)
+                    continue
+                _REFUNDS[result.limit.algorithm](self._store, p, now, r, receipt.token)
+                if result.limit.name:
+                    key = stats_key(self.prefix, result.limit.name, minute)
+                    counts = self._store.get(key, now)
+                    if counts is not None and counts.get("a"):
+                        counts["a"] -= 1
+                        if not counts["a"]:
+                            del counts["a"]
+                        counts["o"] = counts.get("o", 0) + 1
+                results.append(dataclasses.replace(
+                    result, remaining=result.remaining + result.limit.cost,
+                    outcome=Outcome.SPARED))
+        return dataclasses.replace(decision, allowed=False, results=tuple(results),
+                                   retry_after=max(1, decision.retry_after), delay=0.0,
+                                   token=None)
+
+    def read_version(self, now: float | None = None) -> int:
+        """The policy version (in process: no round trip to save)."""
+        return self._version
 
     def prepare(self, limit: Limit) -> Prepared:
         """A limit made ready for `evaluate()` and `decide()`: key hashed, figures converted."""

@@ -9,7 +9,16 @@ from typing import Any
 import redis
 
 from ratelimits.engine.breaker import CircuitBreaker
-from ratelimits.engine.contract import batch_source, decode, encode, renew_source
+from ratelimits.engine.constants import STATS_TTL
+from ratelimits.engine.contract import (
+    batch_source,
+    carry,
+    decode,
+    encode,
+    lease_source,
+    offend_source,
+    renew_source,
+)
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keys import (
     US,
@@ -21,7 +30,16 @@ from ratelimits.engine.keys import (
     stats_key,
     to_us,
 )
+from ratelimits.engine.lease import (
+    Grant,
+    Leftover,
+    decode_lease,
+    encode_lease,
+    returned_units,
+)
+from ratelimits.engine.live import Heartbeat, live_source
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["UNAVAILABLE_ERRORS", "RedisEngine", "batch_source"]
@@ -51,6 +69,7 @@ class RedisEngine:
         version_key: str | None = None,
         stats: bool = True,
         breaker: CircuitBreaker | None = None,
+        live_key: str | None = None,
     ) -> None:
         self.client: Any = client  # redis-py types sync and async replies as one union
         self.breaker = breaker
@@ -58,7 +77,13 @@ class RedisEngine:
         self.version_key = version_key
         self._script = client.register_script(batch_source())
         self._renew_script: Any = None
+        self._offend_script: Any = None
         self.stats = stats
+        #: decisions made without the script (see `frontline`), counted in process
+        self.tally = Tally(self._send)
+        #: With a `live_key`, calls carry a heartbeat now and then (see `engine.live`).
+        self.heartbeat = Heartbeat(live_key) if live_key else None
+        self._live_script: Any = None
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
@@ -68,20 +93,37 @@ class RedisEngine:
             limits, prefix=self.prefix, now=now, version_key=self.version_key,
             stats=self.stats,
         )
-        reply = self._run(keys, args)
+        if self.tally.pending() and self.stats:  # counts made in process ride along
+            carried = self.tally.take()
+            try:
+                reply = self._run(keys, args + carry(*carried), now)
+            except EngineError:
+                self.tally.restore(*carried)
+                raise
+        else:
+            reply = self._run(keys, args, now)
         try:
             return decode(limits, reply, versioned=bool(self.version_key), token=token)
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
 
-    def _run(self, keys: list[str], args: list[Any]) -> Any:
+    def _run(self, keys: list[str], args: list[Any], now: float | None = None) -> Any:
+        beat = self.heartbeat
+        if beat is not None and beat.due():
+            return self._guarded(lambda: self._with_beat(
+                ("EVALSHA", self._script.sha, len(keys), *keys, *args), now,
+                lambda: self._script(keys=keys, args=args)))
+        # Script.__call__ sends EVALSHA and reloads the source on NOSCRIPT, so a
+        # restarted server or a SCRIPT FLUSH costs one extra round trip, once.
+        return self._guarded(lambda: self._script(keys=keys, args=args))
+
+    def _guarded(self, call: Any) -> Any:
+        """`call()` behind the circuit breaker, its failures as engine errors."""
         breaker = self.breaker
         if breaker is not None and not breaker.allow():
             raise EngineUnavailable("circuit open after repeated store failures")
         try:
-            # Script.__call__ sends EVALSHA and reloads the source on NOSCRIPT, so a
-            # restarted server or a SCRIPT FLUSH costs one extra round trip, once.
-            reply = self._script(keys=keys, args=args)
+            reply = call()
         except UNAVAILABLE_ERRORS as exc:
             if breaker is not None:
                 breaker.failure()
@@ -93,6 +135,62 @@ class RedisEngine:
         if breaker is not None:
             breaker.success()
         return reply
+
+    def _with_beat(self, command: tuple[Any, ...], now: float | None, again: Any) -> Any:
+        """`command` and a heartbeat pipelined in one round trip; `command`'s reply.
+
+        `again()` runs the command alone when the server lacked its script (NOSCRIPT).
+        """
+        beat = self.heartbeat
+        assert beat is not None
+        if self._live_script is None:
+            self._live_script = self.client.register_script(live_source())
+        beat_args = beat.args(now)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*command)
+        pipe.evalsha(self._live_script.sha, 1, beat.key, *beat_args)
+        try:
+            reply, count = pipe.execute(raise_on_error=False)
+        except Exception:
+            beat.missed()
+            raise
+        if isinstance(count, redis.exceptions.NoScriptError):
+            # first beat since the server started: load the script and beat now (once)
+            count = self._beat_alone(beat_args)
+        if isinstance(count, Exception):
+            beat.missed()
+        else:
+            beat.learnt(count)
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            return again()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def _beat_alone(self, beat_args: list[Any]) -> Any:
+        beat = self.heartbeat
+        assert beat is not None
+        try:
+            return self._live_script(keys=[beat.key], args=beat_args)
+        except redis.RedisError as exc:
+            return exc
+
+    @property
+    def live_instances(self) -> int | None:
+        """Processes that beat within the TTL at this one's last beat (None: no beat yet)."""
+        return None if self.heartbeat is None else self.heartbeat.count
+
+    def read_version(self, now: float | None = None) -> int:
+        """The policy version alone: one GET, carrying a heartbeat when one is due."""
+        if not self.version_key:
+            raise EngineError("this engine was built without a version_key")
+        key = self.version_key
+        beat = self.heartbeat
+        if beat is not None and beat.due():
+            raw = self._guarded(lambda: self._with_beat(("GET", key), now, lambda: None))
+        else:
+            raw = self._guarded(lambda: self.client.get(key))
+        return int(raw) if raw is not None else 0
 
     def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds (one round trip)."""
@@ -115,13 +213,54 @@ class RedisEngine:
         except UNAVAILABLE_ERRORS as exc:
             raise EngineUnavailable(str(exc)) from exc
 
+    # -- decisions made in process, counted like the script's --------------------------
+
+    def count_locally(self, decision: Decision, now_us: int) -> None:
+        """Count a decision made without the script (a remembered refusal, a leased unit):
+        it reaches the counters and offenders within `tally.FLUSH_EVERY`."""
+        self.tally.add(decision, now_us)
+
+    def flush(self) -> None:
+        """Send what `count_locally` tallied now (EngineUnavailable when it cannot)."""
+        self.tally.flush()
+
+    def close(self) -> None:
+        """Send what is tallied and stop the tally's thread (also run at exit)."""
+        self.tally.close()
+
+    def _send(self, counts: Counts, offenders: Counts) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for (name, minute), fields in counts.items():
+            key = stats_key(self.prefix, name, minute)
+            for field, n in fields.items():
+                pipe.hincrby(key, field, n)
+            pipe.expire(key, STATS_TTL)
+        if offenders and self._offend_script is None:
+            self._offend_script = self.client.register_script(offend_source())
+        for (name, hour), whos in offenders.items():
+            args: list[Any] = []
+            for who, n in whos.items():
+                args += (who.encode("utf-8", "surrogatepass"), n)
+            self._offend_script(keys=[offenders_key(self.prefix, name, hour),
+                                      offender_errors_key(self.prefix, name, hour)],
+                                args=args, client=pipe)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
+        counts.clear()
+        offenders.clear()
+
+    # -- reading ---------------------------------------------------------------------------
+
     def counters(self, name: str, minute: int) -> dict[str, int]:
         """The a/r/w/o counts of one policy in one minute (minutes since the epoch)."""
-        raw = self.client.hgetall(stats_key(self.prefix, name, minute))
-        return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+        return self.counters_many([(name, minute)])[0]
 
     def counters_many(self, wanted: Sequence[tuple[str, int]]) -> list[dict[str, int]]:
-        """`counters()` of many (name, minute) pairs in one pipelined round trip."""
+        """`counters()` of many (name, minute) pairs in one pipelined round trip, this
+        process's tally sent first (other processes' arrive within a second)."""
+        self._flush_pending()
         pipe = self.client.pipeline(transaction=False)
         for name, minute in wanted:
             pipe.hgetall(stats_key(self.prefix, name, minute))
@@ -134,6 +273,7 @@ class RedisEngine:
         self, wanted: Sequence[tuple[str, int]], n: int = 10
     ) -> list[list[tuple[str, int]]]:
         """`offenders()` of many (name, hour) pairs in one pipelined round trip."""
+        self._flush_pending()
         pipe = self.client.pipeline(transaction=False)
         for name, hour in wanted:
             # a list holds at most OFFENDERS_CAP members: read it whole to rank it
@@ -151,6 +291,10 @@ class RedisEngine:
         """The clients one policy refused most (with would-be refusals) in one hour, by
         guaranteed count: refusals each one certainly had (see `keys.guaranteed`)."""
         return self.offenders_many([(name, hour)], n)[0]
+
+    def _flush_pending(self) -> None:
+        if self.tally.pending():
+            self.tally.flush()
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
@@ -190,6 +334,50 @@ class RedisEngine:
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
 
+    # -- leases (see engine/lease.py) -------------------------------------------------
+
+    _lease_script: Any = None  # built on first use: most sites lease nothing
+
+    def lease(
+        self,
+        limits: Sequence[Limit],
+        now: float | None = None,
+        *,
+        back: Sequence[Leftover] = (),
+    ) -> list[Grant]:
+        """Take a lease of `batch` units for each of `limits` (fixed or sliding window),
+        after giving back `back`: one round trip for all of them. A grant has at least the
+        limit's cost, or none (`units == 0`, with the window's `retry_after`).
+
+        Raises EngineUnavailable when the store is out of reach, like `evaluate()`.
+        """
+        if not limits and not back:
+            return []
+        keys, args = encode_lease(self.prefix, limits, back, now)
+        reply = self._run_lease(keys, args)
+        try:
+            return decode_lease(limits, back, reply)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
+        """Return the unspent units of ended leases; a window that has ended keeps its
+        count. Returns the units taken back."""
+        if not back:
+            return 0
+        keys, args = encode_lease(self.prefix, (), back, now)
+        reply = self._run_lease(keys, args)
+        try:
+            decode_lease((), back, reply)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        return returned_units(back, reply)
+
+    def _run_lease(self, keys: list[str], args: list[Any]) -> Any:
+        if self._lease_script is None:
+            self._lease_script = self.client.register_script(lease_source())
+        return self._guarded(lambda: self._lease_script(keys=keys, args=args))
 
 def _text(raw: bytes | str) -> str:
     return raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
+

@@ -43,6 +43,12 @@ class Algorithm:
     windowed: bool = False
     #: Can be replayed from an access log (a log does not say how long a request ran).
     replayable: bool = True
+    #: A process may take `batch` units ahead and spend them locally (a lease) without
+    #: admitting more than the limit: true where a unit charged early counts exactly as
+    #: one charged when spent, i.e. counts per aligned window with the lease ending at
+    #: the window's end. A refilling bucket, GCRA or a log would forget an early charge
+    #: sooner than the spend it stands for, and admit more than the limit.
+    leasable: bool = False
 
     @property
     def label(self) -> str:
@@ -76,9 +82,11 @@ REGISTRY: dict[str, Algorithm] = {
     entry.name: entry
     for entry in (
         Algorithm("fixed_window", "fw", "fixed_window.lua",
-                  a.fixed_window_check, a.fixed_window_commit, windowed=True),
+                  a.fixed_window_check, a.fixed_window_commit, windowed=True,
+                  leasable=True),
         Algorithm("sliding_window", "sw", "sliding_window.lua",
-                  a.sliding_window_check, a.sliding_window_commit, windowed=True),
+                  a.sliding_window_check, a.sliding_window_commit, windowed=True,
+                  leasable=True),
         Algorithm("sliding_log", "sl", "sliding_log.lua",
                   a.sliding_log_check, a.sliding_log_commit, stores_members=True),
         Algorithm("token_bucket", "tb", "token_bucket.lua",
@@ -97,6 +105,8 @@ REGISTRY: dict[str, Algorithm] = {
 ALGORITHMS: tuple[str, ...] = tuple(REGISTRY)
 #: Those that take a `burst`.
 BURST_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.has_burst)
+#: Those that take a `batch` (see `Algorithm.leasable`).
+LEASABLE_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.leasable)
 
 
 def algorithm(name: str) -> Algorithm:

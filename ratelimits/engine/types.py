@@ -6,7 +6,20 @@ import enum
 from dataclasses import dataclass, field
 
 from ratelimits.engine.algorithms import member
-from ratelimits.engine.registry import ALGORITHMS, BURST_ALGORITHMS, REGISTRY, Algorithm
+from ratelimits.engine.registry import (
+    ALGORITHMS,
+    BURST_ALGORITHMS,
+    LEASABLE_ALGORITHMS,
+    REGISTRY,
+    Algorithm,
+)
+
+#: Why the other algorithms take no batch (shown to operators).
+_NO_LEASE = (
+    "units taken ahead count from when they were taken, and a bucket, GCRA or a log "
+    "would let them go (refill, expire) before they are spent, admitting more than the "
+    "limit; a window's count keeps them until the window ends, and so does the lease"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +29,8 @@ class Limit:
     `name` identifies the policy (it namespaces the stored state and the per-minute
     counters); `key` identifies the client within it (IP, user id, header value ...).
     Both are hashed into fixed-length key parts, so any content and length is safe.
+    `batch`: units a process may take from the store at once and spend locally (a lease;
+    None: every request goes to the store); only for `LEASABLE_ALGORITHMS`.
     """
 
     key: str
@@ -26,6 +41,7 @@ class Limit:
     cost: int = 1
     shadow: bool = False
     name: str = ""
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in REGISTRY:
@@ -46,6 +62,19 @@ class Limit:
                 )
             if not isinstance(self.burst, int) or isinstance(self.burst, bool) or self.burst < 0:
                 raise ValueError(f"burst must be a non-negative integer, got {self.burst!r}")
+        if self.batch is not None:
+            if not self.spec.leasable:
+                raise ValueError(
+                    f"batch applies only to {' and '.join(LEASABLE_ALGORITHMS)}, not to "
+                    f"{self.algorithm}: {_NO_LEASE}"
+                )
+            if not isinstance(self.batch, int) or isinstance(self.batch, bool) or not (
+                self.cost <= self.batch <= self.limit
+            ):
+                raise ValueError(
+                    f"batch must be an integer from the cost ({self.cost}) to the limit "
+                    f"({self.limit}), got {self.batch!r}"
+                )
         if self.cost > self.capacity:
             raise ValueError(
                 f"cost {self.cost} exceeds the capacity {self.capacity} of this limit: "

@@ -1,10 +1,13 @@
 """The one evaluation path that the middleware and the DRF throttle share.
 
 `evaluate()` takes a request and the DRF scopes in play, picks the matching policies from
-the snapshot (resolver), identifies the client (plan), asks the engine once, and returns
-a `Verdict` (verdict); when the store is out of reach each policy's `on_error` decides
-(fallback). What was charged is recorded in the request's state, so a policy charges a
-request at most once however many glue layers look at it.
+the snapshot (resolver), identifies the client (plan), asks the store's engine once for
+the shared policies and the in-process engine for the per-process ones, and returns a
+`Verdict` (verdict); when the store is out of reach each policy's `on_error` decides
+(fallback). The policy version comes with every store reply; a request that gets none
+reads it, at most once a second per process. What was charged is recorded in the
+request's state, so a policy charges a request at most once however many glue layers look
+at it.
 """
 
 from __future__ import annotations
@@ -22,13 +25,20 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
 from ratelimits.engine.errors import EngineError
+from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.fallback import fallback
-from ratelimits.pipeline.plan import plan
-from ratelimits.pipeline.report import log_unexpected
+from ratelimits.pipeline.plan import Planned, plan
+from ratelimits.pipeline.report import log_unavailable, log_unexpected
 from ratelimits.pipeline.resolver import Snapshot, resolver
-from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request, state_for
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.state import (
+    STATE_ATTR,
+    RequestState,
+    http_request,
+    process,
+    state_for,
+)
+from ratelimits.pipeline.store import get_engine, get_local_engine
 from ratelimits.pipeline.verdict import (
     ADMITTED,
     LIMITED,
@@ -58,6 +68,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ratelimits")
+
+#: A policy's `counting` when each process counts it alone, in its in-process engine.
+PER_PROCESS = "per_process"
 
 #: The scopes of a request outside DRF: only policies without a scope apply.
 UNSCOPED: frozenset[str] = frozenset({""})
@@ -115,12 +128,50 @@ def _decide(
     second_pass: bool = False,
 ) -> Verdict | None:
     policies = snap.matching(state.path or "/", method, scopes, state.charged)
-    if not policies and (state.version_seen or second_pass):
-        return None
+    if not policies:
+        if state.version_seen or second_pass:
+            return None
+        # No policy applies: nothing to decide, but a policy added since may apply.
+        state.version_seen = True
+        newer = _newer_snapshot(None, snap, config)
+        if newer is None:
+            return None
+        return _decide(request, state, newer, method, scopes, sender, config, second_pass=True)
 
     planned, failed = plan(request, policies, config)
     state.charged.update(p.id for p in policies)
+    own = [p for p in planned if p.policy.counting == PER_PROCESS]
+    if own:
+        verdict, decision = _decide_own(request, state, planned, own, failed, sender, config)
+    else:
+        verdict, decision = _decide_shared(request, state, planned, failed, sender, config)
+    if decision is _UNREACHED:
+        return verdict  # the store is out of reach: the version waits for it
+    state.version_seen = True
 
+    # Another process changed the policies: load them and apply the ones this request
+    # has not met yet (already-charged policies are never charged twice).
+    newer = _newer_snapshot(None if decision is None else decision.version, snap, config)
+    if newer is not None and verdict.allowed and not second_pass:
+        extra = _decide(request, state, newer, method, scopes, sender, config, second_pass=True)
+        if extra is not None:
+            verdict = verdict.merged(extra)
+    return verdict
+
+
+#: `_decide_shared`'s decision when the store was out of reach (on_error decided).
+_UNREACHED: Any = object()
+
+
+def _decide_shared(
+    request: Any,
+    state: RequestState,
+    planned: list[Planned],
+    failed: list[Any],
+    sender: type,
+    config: Mapping[str, Any],
+) -> tuple[Verdict, Decision | None]:
+    """The store decides `planned` in one call; its decision, or `_UNREACHED`."""
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
     engine: Any = None
@@ -131,23 +182,93 @@ def _decide(
         if recorder is not None and engine is not None:
             seconds = time.perf_counter() - started
             recorder.unavailable(engine, seconds, (p.policy for p in planned))
-        return fallback(request, state, planned, failed, exc, sender, config)
+        verdict = fallback(request, state, planned, failed, exc, sender, config, engine)
+        return verdict, _UNREACHED
     if recorder is not None:
         seconds = time.perf_counter() - started
         recorder.decided(engine, seconds, [(p.policy, p.identity) for p in planned], decision)
-    state.version_seen = True
     if decision.token is not None:
         hold(state, engine, decision)
-    verdict = judge(request, state, planned, decision, failed, sender, config)
+    return judge(request, state, planned, decision, failed, sender, config), decision
 
-    # Another process changed the policies: load them and apply the ones this request
-    # has not met yet (already-charged policies are never charged twice).
-    newer = resolver.observe(decision.version, snap)
-    if newer is not None and verdict.allowed and not second_pass:
-        extra = _decide(request, state, newer, method, scopes, sender, config, second_pass=True)
-        if extra is not None:
-            verdict = verdict.merged(extra)
-    return verdict
+
+def _decide_own(
+    request: Any,
+    state: RequestState,
+    planned: list[Planned],
+    own: list[Planned],
+    failed: list[Any],
+    sender: type,
+    config: Mapping[str, Any],
+) -> tuple[Verdict, Decision | None]:
+    """Per-process policies first, in this process alone; the shared ones in the store
+    only if those admit, and given back here if the store refuses: all or nothing."""
+    shared = [p for p in planned if p.policy.counting != PER_PROCESS]
+    local = get_local_engine()
+    recorder = recorder_for(config)
+    started = time.perf_counter() if recorder is not None else 0.0
+    mine, receipt = local.take([p.limit for p in own])
+    seconds = time.perf_counter() - started if recorder is not None else 0.0
+    decision: Decision | None = None
+    if not mine.allowed or not shared:
+        # decided here: the store is not asked (the shared ones stay undecided)
+        undecided = tuple(Outcome(p.policy, p.identity) for p in shared)
+        verdict = judge(request, state, own, mine, failed, sender, config, prior=undecided)
+    else:
+        verdict, decision = _decide_shared(request, state, shared, failed, sender, config)
+        if not verdict.allowed and receipt is not None:
+            mine = local.refund(receipt)
+        verdict = verdict.merged(judge(request, state, own, mine, (), sender, config))
+    if mine.token is not None:
+        hold(state, local, mine)
+    if recorder is not None:
+        recorder.decided(local, seconds, [(p.policy, p.identity) for p in own], mine)
+    return verdict, decision
+
+
+def _newer_snapshot(
+    version: int | None, snap: Snapshot, config: Mapping[str, Any]
+) -> Snapshot | None:
+    """The snapshot of a policy version newer than `snap`'s, if one was built.
+
+    `version` is what the store's reply carried; None when nothing carried it (no store
+    call, or one answered in process), and then it is read, at most once per
+    `VERSION_EVERY` per process.
+    """
+    if version is not None:
+        process.version_at = process.clock()
+    else:
+        version = _read_version(config)
+        if version is None:
+            return None
+    return resolver.observe(version, snap)
+
+
+#: A process that learns the policy version from no reply reads it at most this often.
+VERSION_EVERY = 1.0
+
+
+def _read_version(config: Mapping[str, Any]) -> int | None:
+    """The version read from the store, when the last one learnt is `VERSION_EVERY`
+    old; None when it is younger, another thread is reading it, or the store failed.
+    One thread reads at a time: the others go on with the snapshot they have."""
+    if process.clock() - process.version_at < VERSION_EVERY:
+        return None
+    lock = process.version_lock
+    if not lock.acquire(blocking=False):
+        return None
+    try:
+        if process.clock() - process.version_at < VERSION_EVERY:
+            return None  # read by another thread meanwhile
+        try:
+            return int(get_engine().read_version())
+        except EngineError as exc:
+            log_unavailable(exc, config)
+            return None
+        finally:
+            process.version_at = process.clock()  # failed too: try again a second later
+    finally:
+        lock.release()
 
 
 _COMMON = "django.middleware.common.CommonMiddleware"

@@ -29,10 +29,13 @@ def fallback(
     exc: Exception,
     sender: type,
     config: Mapping[str, Any],
+    engine: Any = None,
 ) -> Verdict:
     """`deny` refuses with a 503, `local` decides in process, `allow` admits.
 
-    Shadow policies never refuse, whatever their `on_error`.
+    Shadow policies never refuse, whatever their `on_error`. `engine` is the store's
+    engine that failed (None when it could not be built): it knows how many processes
+    were live at its last contact.
     """
     log_unavailable(exc, config)
     if any(p.policy.on_error == "deny" and not p.policy.shadow for p in planned) or any(
@@ -47,12 +50,19 @@ def fallback(
     if not local:
         state.outcomes.extend(undecided)
         return Verdict(ADMITTED, undecided)
-    engine = get_local_engine()
-    instances = config["INSTANCES"]
-    decision = engine.evaluate([local_share(p.limit, instances) for p in local])
+    instances = live_instances(engine, config)
+    local_engine = get_local_engine()
+    decision = local_engine.evaluate([local_share(p.limit, instances) for p in local])
     if decision.token is not None:
-        hold(state, engine, decision)
+        hold(state, local_engine, decision)
     return judge(request, state, local, decision, (), sender, config, prior=undecided)
+
+
+def live_instances(engine: Any, config: Mapping[str, Any]) -> int:
+    """How many processes share the limits: the live count the store's engine learnt at
+    its last heartbeat, else (no contact yet) `INSTANCES`."""
+    live = getattr(engine, "live_instances", None) if engine is not None else None
+    return live if isinstance(live, int) and live >= 1 else int(config["INSTANCES"])
 
 
 def local_share(limit: Limit, instances: int) -> Limit:

@@ -45,6 +45,7 @@ class CompiledPolicy:
     on_error: str
     priority: int
     template: Limit  # the engine limit with an empty client key
+    counting: str = "shared"  # "per_process": decided in this process alone
 
     @property
     def shadow(self) -> bool:
@@ -109,6 +110,7 @@ def compile_policy(policy: Any) -> CompiledPolicy:
         on_error=policy.on_error,
         priority=policy.priority,
         template=policy.as_limit(""),
+        counting=policy.counting,
     )
 
 

@@ -6,13 +6,15 @@ once and passes it on.
 
 Process-wide, the request path keeps: the validated settings (`conf`), the engines and
 their circuit breaker (`store`), the compiled policy snapshot (`resolver`), the metrics
-recorder decision, the engine's key cache, the last "store unavailable" log time, the
-concurrency watchdog and the waiting room. `reset_state()` forgets all of them at once;
-tests call it between cases, and settings changes call the relevant parts.
+recorder decision, the engine's key cache, the last "store unavailable" log time, when
+the policy version was last learnt, the concurrency watchdog and the waiting room.
+`reset_state()` forgets all of them at once; tests call it between cases, and settings
+changes call the relevant parts.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,12 @@ class ProcessState:
     clock: Callable[[], float] = time.monotonic
     #: `clock()` at the last "store unavailable" log line (0: never).
     last_unavailable_log: float = 0.0
+    #: `clock()` when the policy version was last learnt from the store (a reply that
+    #: carried it, or a read of it, failed ones included): requests that learn nothing
+    #: read it again only once this is a second old (evaluation.VERSION_EVERY).
+    version_at: float = -float("inf")
+    #: Held by the one thread that reads the version; the others go on meanwhile.
+    version_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 process = ProcessState()
@@ -81,3 +89,4 @@ def reset_state() -> None:
     metrics._state = (None, None)
     keys._base_key.cache_clear()
     process.last_unavailable_log = 0.0
+    process.version_at = -float("inf")

@@ -6,6 +6,7 @@ Built lazily on first use and kept for the life of the process; dropped when `CA
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Mapping
@@ -157,7 +158,10 @@ def get_engine() -> Any:
 
 
 def _build_engine(config: Mapping[str, Any]) -> Any:
+    """A store engine behind a `Frontline` (what a process decides alone), or the local
+    engine when the configured cache is not Redis."""
     from ratelimits.engine.breaker import CircuitBreaker
+    from ratelimits.engine.frontline import Frontline
 
     timeouts = (config["SOCKET_TIMEOUT"], config["CONNECT_TIMEOUT"])
     global _breaker
@@ -166,6 +170,7 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     shared = {
         "prefix": config["KEY_PREFIX"],
         "version_key": _version_key(config["KEY_PREFIX"]),
+        "live_key": f"{config['KEY_PREFIX']}live",  # engine.live: the heartbeat's set
         "breaker": _breaker,
     }
     url: RedisURL | None = config["REDIS_URL"]
@@ -181,11 +186,13 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
                 "(ratelimits.engine.cluster is missing): upgrade ratelimits, or point "
                 "REDIS_URL at one server (redis://, rediss://, unix://)."
             ) from None
-        return cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]), **shared)
+        return Frontline(
+            cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]), **shared)
+        )
     from ratelimits.engine import RedisEngine
 
     if url is not None:
-        return RedisEngine(url_client(url, *timeouts), **shared)
+        return Frontline(RedisEngine(url_client(url, *timeouts), **shared))
     alias = config["CACHE"]
     if cache_backend(alias) is None:
         raise ImproperlyConfigured(
@@ -195,7 +202,7 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     client = redis_client_for(alias)
     if client is None:
         return get_local_engine()
-    return RedisEngine(limiter_client(client, *timeouts), **shared)
+    return Frontline(RedisEngine(limiter_client(client, *timeouts), **shared))
 
 
 def _reach_cluster(url: RedisURL, timeouts: tuple[float, float], breaker: Any) -> Any:
@@ -239,12 +246,21 @@ def is_shared() -> bool:
 
 
 def reset_engines() -> None:
-    """Forget the engines; the next call builds them from the current settings."""
+    """Forget the engines; the next call builds them from the current settings.
+
+    The forgotten store engine is closed first: what it tallied and its leases go to its
+    store now, not from a background thread at some later moment (into another
+    configuration's store, or between two tests)."""
     global _engine, _local, _breaker
     with _lock:
-        _engine = None
+        old, _engine = _engine, None
         _local = None
         _breaker = None
+    close = getattr(old, "close", None)
+    if close is not None:
+        # a store out of reach: its counts are lost, never a crash
+        with contextlib.suppress(Exception):
+            close()
 
 
 @receiver(setting_changed)

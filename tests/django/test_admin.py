@@ -38,6 +38,7 @@ def test_add_form_shows_validation_messages_on_the_field(admin_client):
             "methods": "",
             "scope": "",
             "on_error": "allow",
+            "counting": "shared",
             "priority": 0,
         },
     )

@@ -134,7 +134,7 @@ def test_list_shows_each_policys_last_hour_from_the_cluster(
     make_policy(name="watch", limit=1, mode="shadow", path="/hello/")
     make_policy(name="quiet", path="/search/")
     assert hit(client, 5) == [200, 200, 429, 429, 429]
-    assert isinstance(get_engine(), ClusterEngine)
+    assert isinstance(get_engine().store, ClusterEngine)
 
     response = admin_client.get(URL)
 
@@ -243,13 +243,18 @@ def test_pages_cost_a_bounded_number_of_round_trips_per_node_and_never_scan(
 
             sent = log.during(load)
             assert response.status_code == 200
-            # the middleware's one engine call for the page's own request: the version
+            # the heartbeat that may ride on the request's call (engine.live) is not the page's
+            sent = {port: [line for line in lines if f"{PREFIX}live" not in line]
+                    for port, lines in sent.items()}
+            # the middleware's call for the page's own request: at most a version read (a
+            # request no policy matches reads it at most once a second)
             version_node = engine.client.get_node_from_key(f"{PREFIX}version").port
             total = sum((verbs(lines) for lines in sent.values()), Counter())
             # exactly the page's reads and the version: a stray command of any kind
             # (KEYS, SCAN, a MOVED retry, a flush) fails here
-            assert total == reads + Counter(GET=1), page
-            assert verbs(sent[version_node])["GET"] == 1
+            assert total["GET"] <= 1, page
+            assert total - Counter(GET=total["GET"]) == reads, page
+            assert verbs(sent[version_node])["GET"] == total["GET"]
             for port, lines in sent.items():
                 for line in lines:  # each read went straight to the node owning its key
                     key = line.split(" ")[1]  # every read names one key, first
@@ -305,7 +310,7 @@ def test_a_policy_saved_in_the_admin_is_seen_by_the_next_request(
         "path": "/hello/",
         "methods": "",
         "scope": "",
-        "on_error": "allow",
+        "on_error": "allow", "counting": "shared",
     }
     engine = get_engine()
     before = engine.client.get(f"{PREFIX}version")
@@ -381,7 +386,7 @@ def test_metrics_count_each_outcome_on_the_cluster_as_on_one_server(
     assert [client.get("/hello/").status_code for _ in range(3)] == [200, 429, 429]
 
     after = scrape(client)
-    assert isinstance(get_engine(), ClusterEngine)
+    assert isinstance(get_engine().store, ClusterEngine)
     assert outcomes(after, tight) == counts(admitted=1, rejected=2)
     assert outcomes(after, wide) == counts(admitted=1, spared=2)
     assert outcomes(after, shadow) == counts(admitted=1, would_reject=2)

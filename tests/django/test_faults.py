@@ -13,7 +13,9 @@ import pytest
 import redis
 from django.test import override_settings
 
+from ratelimits.engine.frontline import HOLD
 from ratelimits.pipeline.state import process
+from ratelimits.pipeline.store import get_engine
 from tests.redis_server import RedisProcess
 
 #: Generous bounds for a loaded 2-core CI machine; the default timeouts are 0.1 s.
@@ -148,6 +150,12 @@ def test_script_flush_and_flushall_mid_traffic(client, make_policy, server):
     direct.script_flush()
     assert timed(client, "/hello/", 2)[0] == [200, 429]
     direct.flushall()  # counters and the policy version are gone
+    # this process trusts the refusal it remembers for at most HOLD seconds ...
+    assert timed(client, "/hello/", 1)[0] == [429]
+    engine = get_engine()
+    later = engine.clock() + HOLD
+    engine.clock = lambda: later
+    # ... then asks the store again, which has forgotten the client
     assert timed(client, "/hello/", 3)[0] == [200, 200, 429]
 
 

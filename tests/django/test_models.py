@@ -53,6 +53,13 @@ def test_a_valid_policy_passes_and_defaults_to_shadow():
         ({"scope": "my scope!"}, "scope", "throttle_scope"),
         ({"name": "bad name"}, "name", "letters, digits"),
         ({"name": ""}, "name", "cannot be blank"),
+        ({"algorithm": "gcra", "batch": 2}, "batch", "refill, expire"),
+        ({"algorithm": "sliding_log", "batch": 2}, "batch", "fixed_window and sliding_window"),
+        ({"algorithm": "concurrency", "batch": 2}, "batch", "not to concurrency"),
+        ({"batch": 6}, "batch", "from the cost (1) to the limit (5)"),
+        ({"batch": 1, "cost": 2}, "batch", "from the cost (2)"),
+        ({"batch": 2, "counting": "per_process"}, "batch", "clear batch or count shared"),
+        ({"counting": "everywhere"}, "counting", "not a valid choice"),
     ],
 )
 def test_each_invalid_combination_is_refused_on_its_field(changes, field, says):
@@ -61,6 +68,16 @@ def test_each_invalid_combination_is_refused_on_its_field(changes, field, says):
     message = " ".join(errors[field])
     assert says in message
     assert len(message) > 10  # a message a person can act on, not a bare code
+
+
+def test_batch_reaches_the_limit_of_a_shared_policy_only():
+    shared = Policy(**VALID, batch=3)
+    shared.full_clean()
+    assert shared.as_limit("c").batch == 3
+    alone = Policy(**VALID, counting="per_process")
+    alone.full_clean()
+    assert alone.as_limit("c").batch is None
+    assert Policy(**VALID).counting == "shared"
 
 
 def test_bad_key_message_names_the_grammar():

@@ -166,6 +166,7 @@ def test_pages_cost_a_bounded_number_of_round_trips_and_never_scan(
 
     log = ServerLog(redis_url)
     engine.client.pipeline = counting
+    engine.heartbeat = None  # its beat may ride on the request's call: measured elsewhere
     try:
         for page, reads in pages.items():
             before = len(pipelined)
@@ -177,9 +178,10 @@ def test_pages_cost_a_bounded_number_of_round_trips_and_never_scan(
 
             sent = Counter(log.during(load))
             assert response.status_code == 200
-            # Exactly the page's reads and the middleware's one engine call for the
-            # request itself: a stray command of any kind fails here.
-            assert sent == reads + Counter(EVALSHA=1), page
+            # Exactly the page's reads and at most a version read for the request itself
+            # (once a second per process): a stray command of any kind fails here.
+            assert sent["GET"] <= 1, page
+            assert sent - Counter(GET=sent["GET"]) == reads, page
             # The reads went in at most three pipelines (round trips): the list and the
             # dashboard one for all 13 policies; a policy's page its hour, day, offenders.
             rounds = pipelined[before:]

@@ -278,7 +278,7 @@ def test_a_cluster_url_decides_every_policy_of_a_request_on_the_cluster(
     from ratelimits.engine.cluster import ClusterEngine
 
     use_url(settings, cluster.url)
-    assert isinstance(get_engine(), ClusterEngine)
+    assert isinstance(get_engine().store, ClusterEngine)
     make_policy(name="per-ip", limit=3, path="/hello/", on_error="deny")
     make_policy(name="per-key", limit=2, path="/hello/", key="header:X-Key", on_error="deny")
     make_policy(name="everyone", limit=10, path="/hello/", key="global", on_error="deny")

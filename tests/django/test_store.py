@@ -10,7 +10,7 @@ from ratelimits.pipeline.store import get_engine, get_local_engine, is_shared, r
 def test_django_redis_alias_gives_the_redis_engine():
     from ratelimits.engine import RedisEngine
 
-    assert isinstance(get_engine(), RedisEngine)
+    assert isinstance(get_engine().store, RedisEngine)
     assert is_shared()
     assert get_engine() is get_engine()  # built once
 
@@ -23,7 +23,7 @@ def test_djangos_redis_cache_gives_the_redis_engine(redis_url):
     }
     with override_settings(CACHES=caches):
         assert redis_client_for("default").ping()
-        assert isinstance(get_engine(), RedisEngine)
+        assert isinstance(get_engine().store, RedisEngine)
 
 
 def test_other_caches_give_the_process_local_engine():

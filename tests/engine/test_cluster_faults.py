@@ -162,6 +162,13 @@ def _wait_for(calls, more: int, timeout: float = 60.0) -> None:
         time.sleep(0.002)
 
 
+def _wait_until(condition, message: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.002)
+
+
 def test_eight_processes_stay_exact_while_their_slots_are_resharded(cluster, client):
     user_limit = 5000
     trio = three_on_three(client, ("sliding_log",) * 3, (6000, user_limit, 8000), period=3600)
@@ -208,8 +215,19 @@ def test_eight_processes_stay_exact_while_their_slots_are_resharded(cluster, cli
 # -- kill -9 of a primary under traffic -----------------------------------------------
 
 
-def _worker(ports, limit, stop, decided, out) -> None:
+def _worker(ports, limit, stop, decided, ready, out) -> None:
+    try:
+        _work(ports, limit, stop, decided, ready, out)
+    except BaseException:  # reported: the test shows it instead of "never reported"
+        import traceback
+
+        out.put(({"crashed": 1}, [traceback.format_exc()], [], 0.0, 0.0))
+        raise
+
+
+def _work(ports, limit, stop, decided, ready, out) -> None:
     engine = ClusterEngine(_client(ports))
+    first = True
     outcomes: dict[str, int] = {}
     errors: list[str] = []  # the last few messages
     admitted: list[float] = []  # when each admitted call started
@@ -234,6 +252,10 @@ def _worker(ports, limit, stop, decided, out) -> None:
                 admitted.append(started)
             with decided.get_lock():
                 decided.value += 1
+            if first:  # this process has its client and its slot map
+                first = False
+                with ready.get_lock():
+                    ready.value += 1
         slowest = max(slowest, time.monotonic() - started)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         if outcome == "refused" and stop.is_set():
@@ -247,14 +269,18 @@ def test_a_primary_killed_under_traffic_fails_fast_then_limits_apply_again(capsy
     limit_n = 300
     limit = Limit("ip:killed", "sliding_log", limit_n, 3600, name="killed")
     ctx = multiprocessing.get_context("fork")
-    out, stop, decided = ctx.Queue(), ctx.Event(), ctx.Value("i", 0)
-    procs = [ctx.Process(target=_worker, args=(small.ports, limit, stop, decided, out))
+    out, stop = ctx.Queue(), ctx.Event()
+    decided, ready = ctx.Value("i", 0), ctx.Value("i", 0)
+    procs = [ctx.Process(target=_worker, args=(small.ports, limit, stop, decided, ready, out))
              for _ in range(4)]
     try:
         client = _client(small.ports)
         victim = _port(client, limit)
         for p in procs:
             p.start()
+        # every process built its client before the kill: a cluster client built while
+        # the nodes disagree about a failover may fail to start, which is not under test
+        _wait_until(lambda: ready.value == len(procs), "a process never decided")
         _wait_for(decided, 40)
         small.kill(victim)  # SIGKILL: what it had not yet replicated is lost
         killed_at = time.monotonic()
@@ -285,6 +311,7 @@ def test_a_primary_killed_under_traffic_fails_fast_then_limits_apply_again(capsy
         for name, n in counts.items():
             outcomes[name] = outcomes.get(name, 0) + n
     errors = [e for _, errs, *_ in logs for e in errs]
+    assert "crashed" not in outcomes, "\n".join(e for e in errors if e.startswith("Traceback"))
     # nothing but EngineUnavailable raised, and every process decided again at the end
     assert set(outcomes) == {"admitted", "refused", "EngineUnavailable"}, (outcomes, errors)
     # never a long wait: the timeouts (connect + read) and one slot-map refresh

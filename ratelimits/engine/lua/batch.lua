@@ -2,6 +2,9 @@
 -- The argument layout is generated from contract.py: ARGV holds HEAD values (now_us,
 -- '' = server time; token; version key, '' = none; stats prefix, '' = no counters), then
 -- PER_LIMIT values per limit at the offsets ARG_*; KEYS holds one base key per limit.
+-- After the limits, ARGV may carry counts of decisions the process made alone (see
+-- engine/tally.py), CARRY values each: 'c', policy, minute, field, n for a counter;
+-- 'o', policy, hour, who, n for an offender.
 -- Returns {version, admitted, now_us, then per limit: allowed, remaining, reset_after,
 -- retry_after, delay, outcome (the counter's field: a, r, w or o)}.
 local now = tonumber(ARGV[1])
@@ -49,11 +52,22 @@ for i = 1, n do
     if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, STATS_TTL) end
     if field == 'r' or field == 'w' then
       offend(stats .. name .. ':h' .. string.format('%d', math.floor(now / (3600 * US))),
-        ARGV[o + ARG_WHO])
+        ARGV[o + ARG_WHO], 1)
     end
   end
   local j = #out
   out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =
     r[1], r[2], r[3], r[4], r[5], field
+end
+if stats ~= '' then
+  for o = HEAD + n * PER_LIMIT + 1, #ARGV, CARRY do
+    local name, at, what, k = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], tonumber(ARGV[o + 4])
+    if ARGV[o] == 'c' then
+      local sk = stats .. name .. ':' .. at
+      if redis.call('HINCRBY', sk, what, k) == k then redis.call('EXPIRE', sk, STATS_TTL) end
+    else
+      offend(stats .. name .. ':h' .. at, what, k)
+    end
+  end
 end
 return out

@@ -43,13 +43,14 @@ local function add_members(key, score, token, cost)
   if #args > 0 then redis.call('ZADD', key, unpack(args)) end
 end
 
-local function offend(key, who)
-  -- Space-Saving top-k: a full list gives the newcomer the evicted minimum plus one, so a
-  -- client refused often enough always enters, and memory stays bounded. The inherited
-  -- floor is the newcomer's error, kept in the hash <key>:e: count - error is a count
-  -- the client certainly earned, which rotating keys cannot inflate.
+local function offend(key, who, n)
+  -- Space-Saving top-k, weighted: a full list gives the newcomer the evicted minimum plus
+  -- its refusals, so a client refused often enough always enters, and memory stays
+  -- bounded. The inherited floor is the newcomer's error, kept in the hash <key>:e:
+  -- count - error is a count the client certainly earned, which rotating keys cannot
+  -- inflate.
   if redis.call('ZSCORE', key, who) then
-    redis.call('ZINCRBY', key, 1, who)
+    redis.call('ZINCRBY', key, n, who)
     return
   end
   local floor = 0
@@ -59,7 +60,7 @@ local function offend(key, who)
     floor = tonumber(evicted[2])
     redis.call('HDEL', errors, evicted[1])
   end
-  redis.call('ZADD', key, floor + 1, who)
+  redis.call('ZADD', key, floor + n, who)
   redis.call('EXPIRE', key, OFFENDERS_TTL, 'NX')
   if floor > 0 then
     redis.call('HSET', errors, who, floor)

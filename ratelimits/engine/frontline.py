@@ -1,0 +1,195 @@
+"""What a process decides without a round trip, in front of the store's engine.
+
+`Frontline` wraps a `RedisEngine` or `ClusterEngine` and answers in process what it can
+answer exactly:
+
+- **Remembered refusals (the deny cache).** Once an enforced limit refuses a client, the
+  refusal stands until its retry time: asking the store again before then can only be
+  refused again. The process remembers it (at most `HOLD` seconds, so that an edit or an
+  admin reset made elsewhere is seen within that time) and refuses that client on that
+  limit without a round trip. A flood from one client then costs each process about one
+  store call per `HOLD`, not one per request. Anchor: Envoy's rate-limit service keeps a
+  local cache of over-limit keys for the same reason.
+- **Leased units.** A limit with a `batch` takes up to that many units of its window from
+  the store at once and spends them here, one request at a time (see `lease`): a store
+  call per batch instead of one per request, never more admitted than the limit.
+
+- **Leased units.** A limit with `batch` takes up to `batch` units of its window from
+  the store in one call and is answered from them in process (see `lease`); the
+  request's unleased limits still go to the store, and a unit is spent only when the
+  whole request is admitted.
+
+Decisions answered here are counted through the store engine's tally (`count_locally`),
+so the per-minute counters, the offenders, metrics and signals see every one of them.
+Everything else the store engine offers is reached through this object unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ratelimits.engine import lease
+from ratelimits.engine.errors import EngineError
+from ratelimits.engine.keys import to_us
+from ratelimits.engine.types import Decision, Limit, Outcome, Result
+
+__all__ = ["HOLD", "DenyCache", "Frontline"]
+
+#: A remembered refusal is trusted at most this long (seconds): the bound on how late an
+#: edit, a reset or another process's refund is seen by a process that stopped asking.
+HOLD = 1.0
+#: Clients remembered at most, per process; past it the expired ones go, then all.
+MAX_REMEMBERED = 100_000
+
+
+class DenyCache:
+    """Refusals, remembered until their retry time or `hold` seconds, whichever comes
+    first. Thread-safe; times are the caller's (seconds).
+
+    An enforced refusal answers the next requests of its client alone; a shadow one is
+    only reported beside it. A concurrency limit is never remembered: a held slot can be
+    released at any moment, so its refusal has no retry time to trust."""
+
+    def __init__(self, hold: float = HOLD, size: int = MAX_REMEMBERED) -> None:
+        self.hold = hold
+        self.size = size
+        self._lock = threading.Lock()
+        # limit -> (trusted until, retry at, reset at)
+        self._refused: dict[Limit, tuple[float, float, float]] = {}
+
+    def learn(self, decision: Decision, at: float) -> None:
+        """Remember the enforced refusals of a decision the store made at `at`."""
+        if decision.allowed:
+            return
+        for result in decision.results:
+            # a shadow limit's would-be refusal is remembered too, to be reported as such
+            # beside an enforced one (alone it never answers a request)
+            if result.allowed or result.limit.spec.holds_slots:
+                continue
+            retry_at = at + result.retry_after
+            entry = (at + min(result.retry_after, self.hold), retry_at,
+                     at + max(result.reset_after, result.retry_after))
+            with self._lock:
+                if len(self._refused) >= self.size:
+                    self._prune(at)
+                self._refused[result.limit] = entry
+
+    def answer(self, limits: Sequence[Limit], at: float) -> Decision | None:
+        """The refusal of `limits` at `at` if one of them is remembered, else None."""
+        refused = self._refused
+        if not refused:
+            return None
+        hits: dict[int, tuple[float, float, float]] = {}
+        enforced = False
+        for i, limit in enumerate(limits):
+            entry = refused.get(limit)
+            if entry is None:
+                continue
+            if at < entry[0]:
+                hits[i] = entry
+                enforced = enforced or not limit.shadow
+            else:  # expired: the store decides again
+                with self._lock:
+                    if refused.get(limit) is entry:
+                        del refused[limit]
+        if not enforced:
+            return None
+        results = []
+        retry = 0.0
+        for i, limit in enumerate(limits):
+            entry = hits.get(i)
+            if entry is None:  # not consulted: nothing was charged, as on any refusal
+                results.append(Result(limit, True, 0, 0.0, 0.0, outcome=Outcome.SPARED))
+                continue
+            _, retry_at, reset_at = entry
+            retry_after = max(0.0, retry_at - at)
+            if not limit.shadow:
+                retry = max(retry, retry_after)
+            results.append(Result(limit, False, 0, max(0.0, reset_at - at), retry_after,
+                                  outcome=Outcome.WOULD_REJECT if limit.shadow
+                                  else Outcome.REJECTED))
+        return Decision(allowed=False, results=tuple(results),
+                        retry_after=max(1, math.ceil(retry)))
+
+    def forget(self, limit: Limit) -> None:
+        """Drop what is remembered of one client under one limit (after a reset)."""
+        with self._lock:
+            for remembered in [k for k in self._refused if _same_client(k, limit)]:
+                del self._refused[remembered]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._refused.clear()
+
+    def __len__(self) -> int:
+        return len(self._refused)
+
+    def _prune(self, at: float) -> None:
+        expired = [k for k, entry in self._refused.items() if entry[0] <= at]
+        for k in expired:
+            del self._refused[k]
+        if len(self._refused) >= self.size:  # a flood of distinct clients: start afresh
+            self._refused.clear()
+
+
+def _same_client(a: Limit, b: Limit) -> bool:
+    return a.name == b.name and a.key == b.key
+
+
+class Frontline:
+    """A store engine with the decisions a process can make alone in front of it.
+
+    Same API as the engine it wraps (`store`); `evaluate()` answers a remembered refusal
+    in process, leased limits from the process's leases, and sends the rest to the store.
+    `clock` gives the time when `evaluate()` is not given `now` (seconds; only
+    differences matter).
+    """
+
+    def __init__(self, store: Any, *, hold: float = HOLD,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.denied = DenyCache(hold)
+        #: this process's leases of the limits with a `batch` (see `lease`)
+        self.leases = lease.Leases()
+
+    def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """Decide a request: in process when one of its limits refused this client within
+        the last `HOLD` seconds and its retry time has not come, else in the store."""
+        at = self.clock() if now is None else now
+        local = self.denied.answer(limits, at)
+        if local is not None:
+            self.store.count_locally(local, to_us(at))
+            return local
+        if any(limit.batch is not None for limit in limits):
+            # leased limits from this process's units; only the others go to the store
+            decision, answered = lease.decide(self.store, self.leases, limits, now, at)
+            if answered.results:
+                self.store.count_locally(answered, to_us(at))
+        else:
+            decision = self.store.evaluate(limits, now)
+        self.denied.learn(decision, at)
+        return decision
+
+    def reset(self, limit: Limit, now: float | None = None) -> None:
+        """Forget one client's state under one limit, here and in the store."""
+        self.denied.forget(limit)
+        self.leases.forget(limit)  # charged to the window the reset forgets
+        self.store.reset(limit, now)
+
+    def close(self) -> None:
+        """Give the unspent leased units back, then close the store engine."""
+        with contextlib.suppress(EngineError):  # they are then lost for their window only
+            self.store.give_back(self.leases.drain())
+        self.store.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for what this class lacks: the store engine's other methods
+        if name == "store":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.store, name)

@@ -1,0 +1,374 @@
+"""Token leases: units of a windowed limit taken from the store ahead, spent in process.
+
+A limit with `batch` set is answered from a lease: the store charges up to `batch` units
+to the limit's current window in one call (`lua/lease.lua`), and this process admits
+from them without a round trip. A unit is charged before it is spent, so all processes
+together never admit more than the limit; what a process holds unspent when others run
+dry is the price (at most `batch` units per process and limit).
+
+A lease ends when it is spent, when its window ends, or `LEASE_SECONDS` after it was
+taken, whichever comes first; its unspent units then go back to the store (taken back
+only while their window is still current). `Leases` is one process's book of them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ratelimits.engine.constants import US
+from ratelimits.engine.contract import LEASE_ARGS, LEASE_FIELDS
+from ratelimits.engine.keys import base_key, period_us, to_us
+from ratelimits.engine.types import Decision, Limit, Outcome, Result
+
+__all__ = [
+    "LEASE_SECONDS",
+    "Grant",
+    "Hold",
+    "Leases",
+    "Leftover",
+    "decide",
+    "decode_lease",
+    "encode_lease",
+    "returned_units",
+]
+
+#: A lease lasts at most this long (seconds): units idle in one process come back to
+#: the others within it, and the figures a lease reports are never older.
+LEASE_SECONDS = 1.0
+_FIELDS = len(LEASE_FIELDS)
+(_GRANTED, _WINDOW, _REMAINING, _RESET, _RETRY, _ENDS, _RETURNED) = (
+    LEASE_FIELDS.index(f) for f in
+    ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after", "returned")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What the store granted one limit: `units` (0 when its window has fewer than the
+    limit's cost left), charged to window number `window`.
+
+    `remaining`: units the window has left after the grant, for every process;
+    `reset_after`, `retry_after` (0 when granted), `ends_after` (until the window ends,
+    the grant's last moment): seconds from the grant."""
+
+    limit: Limit
+    units: int
+    window: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+    ends_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    """Unspent units of an ended lease, to give back to window number `window`."""
+
+    limit: Limit
+    window: int
+    units: int
+
+
+def encode_lease(
+    prefix: str, limits: Sequence[Limit], back: Sequence[Leftover], now: float | None
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one lease call: the give-backs first (so a limit's leftover is
+    back before its new grant is counted), then one lease of `batch` units per limit."""
+    keys: list[str] = []
+    args: list[Any] = ["" if now is None else to_us(now)]
+    for item in back:
+        keys.append(base_key(prefix, item.limit))
+        args += _args(item.limit, 0, item.window, item.units)
+    for limit in limits:
+        if limit.batch is None:
+            raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
+        keys.append(base_key(prefix, limit))
+        args += _args(limit, limit.batch, "", 0)
+    return keys, args
+
+
+def _args(limit: Limit, want: int, window: int | str, units: int) -> tuple[Any, ...]:
+    values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units)
+    assert len(values) == len(LEASE_ARGS)
+    return values
+
+
+def decode_lease(
+    limits: Sequence[Limit], back: Sequence[Leftover], reply: Any
+) -> list[Grant]:
+    """The lease script's reply as one `Grant` per limit; ValueError when it is not one."""
+    if not isinstance(reply, list) or len(reply) != 1 + _FIELDS * (len(back) + len(limits)):
+        raise ValueError(f"unexpected reply from the lease script: {reply!r}")
+    grants = []
+    for i, limit in enumerate(limits):
+        o = 1 + (len(back) + i) * _FIELDS
+        grants.append(Grant(
+            limit=limit,
+            units=int(reply[o + _GRANTED]),
+            window=int(reply[o + _WINDOW]),
+            remaining=int(reply[o + _REMAINING]),
+            reset_after=int(reply[o + _RESET]) / US,
+            retry_after=int(reply[o + _RETRY]) / US,
+            ends_after=int(reply[o + _ENDS]) / US,
+        ))
+    return grants
+
+
+def returned_units(back: Sequence[Leftover], reply: Any) -> int:
+    """How many of the given-back units the store took back (their window still ran)."""
+    return sum(int(reply[1 + i * _FIELDS + _RETURNED]) for i in range(len(back)))
+
+
+class _Lease:
+    """A lease in the book (mutable, only under the book's lock)."""
+
+    __slots__ = ("ended", "expires", "grant", "taken_at", "units")
+
+    def __init__(self, grant: Grant, at: float, seconds: float) -> None:
+        self.grant = grant
+        self.units = grant.units
+        self.taken_at = at
+        self.expires = at + min(seconds, grant.ends_after)
+        self.ended = False  # its unspent units went to the give-back
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """`limit.cost` units reserved from a lease for one request: `Leases.spend()` them
+    when the whole request is admitted, `Leases.cancel()` them when it is not.
+
+    `remaining` and `reset_after` are the figures as of the lease: the window's units
+    left at the grant plus those this process still holds, and the grant's reset less
+    the time since."""
+
+    limit: Limit
+    window: int
+    remaining: int
+    reset_after: float
+    lease: _Lease  # where it came from, to put cancelled units back
+
+
+class Leases:
+    """One process's leases, by limit; thread-safe. `at` is the caller's clock (seconds):
+    the explicit `now` it passes to the engine, else its own clock, read before the lease
+    call, so that a lease ends no later than its window does on the store's clock."""
+
+    def __init__(self, seconds: float = LEASE_SECONDS) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._leases: dict[Limit, _Lease] = {}
+        self._leftovers: list[Leftover] = []
+        self._swept_at = 0.0
+        self._pid = os.getpid()
+
+    def _fork_check(self) -> None:
+        # A forked worker must not spend its parent's units: both would spend the same
+        # charge. The parent gives them back; the child starts with an empty book.
+        if os.getpid() != self._pid:
+            self._lock = threading.Lock()
+            self._leases, self._leftovers, self._pid = {}, [], os.getpid()
+
+    def take(self, limit: Limit, at: float) -> Hold | None:
+        """Reserve `limit.cost` units of its live lease; None when it has no lease that
+        runs at `at` with that many (a lease that ended leaves its units to give back)."""
+        self._fork_check()
+        with self._lock:
+            if at - self._swept_at >= self.seconds:
+                self._sweep(at)
+            lease = self._leases.get(limit)
+            if lease is None:
+                return None
+            if at >= lease.expires or lease.units < limit.cost:
+                self._end(limit, lease)
+                return None
+            return self._reserve(limit, lease, at)
+
+    def grant(self, grant: Grant, at: float) -> Hold | None:
+        """Record a fresh grant (taken at `at`) and reserve `cost` units of it; None when
+        it granted too few. A lease the limit already had ends and gives its units back."""
+        self._fork_check()
+        limit = grant.limit
+        with self._lock:
+            old = self._leases.get(limit)
+            if old is not None:
+                self._end(limit, old)
+            if grant.units < limit.cost:
+                if grant.units:
+                    self._leftovers.append(Leftover(limit, grant.window, grant.units))
+                return None
+            lease = self._leases[limit] = _Lease(grant, at, self.seconds)
+            return self._reserve(limit, lease, at)
+
+    def _reserve(self, limit: Limit, lease: _Lease, at: float) -> Hold:
+        lease.units -= limit.cost
+        grant = lease.grant
+        hold = Hold(limit, grant.window, grant.remaining + lease.units,
+                    max(0.0, grant.reset_after - (at - lease.taken_at)), lease)
+        if not lease.units:  # spent: nothing to give back, nothing to keep
+            del self._leases[limit]
+        return hold
+
+    def spend(self, hold: Hold) -> None:
+        """The request was admitted: the reserved units are gone (nothing to do; named
+        so that every reservation ends in `spend` or `cancel`)."""
+
+    def cancel(self, hold: Hold) -> None:
+        """The request was refused elsewhere: its units go back to the lease, or, when
+        that lease ended meanwhile, to the units to give back to the store."""
+        self._fork_check()
+        with self._lock:
+            lease = hold.lease
+            if self._leases.get(hold.limit) is lease:
+                lease.units += hold.limit.cost
+            elif not lease.ended and hold.limit not in self._leases:
+                # the reservations had emptied the lease: it runs again with these units
+                lease.units = hold.limit.cost
+                self._leases[hold.limit] = lease
+            else:
+                self._leftovers.append(Leftover(hold.limit, hold.window, hold.limit.cost))
+
+    def leftovers(self) -> list[Leftover]:
+        """The units of ended leases not yet given back; the caller sends them with its
+        next lease call (or `give_back()`), and they are forgotten here."""
+        self._fork_check()
+        with self._lock:
+            out, self._leftovers = self._leftovers, []
+        return out
+
+    def drain(self) -> list[Leftover]:
+        """End every lease (shutdown): all unspent units, to give back."""
+        self._fork_check()
+        with self._lock:
+            for limit, lease in list(self._leases.items()):
+                self._end(limit, lease)
+            out, self._leftovers = self._leftovers, []
+        return out
+
+    def units(self, limit: Limit) -> int:
+        """Units this process holds for `limit` (0 without a lease)."""
+        with self._lock:
+            lease = self._leases.get(limit)
+            return 0 if lease is None else lease.units
+
+    def forget(self, limit: Limit) -> None:
+        """Drop the leases of one client under one policy, giving nothing back (after an
+        admin reset: the window they were charged to is gone)."""
+        self._fork_check()
+        with self._lock:
+            for leased in [x for x in self._leases if (x.name, x.key) == (limit.name, limit.key)]:
+                self._leases.pop(leased).ended = True
+
+    def held(self) -> dict[Limit, int]:
+        """Units this process holds, per limit with a lease."""
+        with self._lock:
+            return {limit: lease.units for limit, lease in self._leases.items()}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    def _end(self, limit: Limit, lease: _Lease) -> None:
+        del self._leases[limit]
+        lease.ended = True
+        if lease.units:
+            self._leftovers.append(Leftover(limit, lease.grant.window, lease.units))
+            lease.units = 0
+
+    def _sweep(self, at: float) -> None:
+        # once a lease period: leases of clients that went quiet end and give back
+        self._swept_at = at
+        for limit, lease in list(self._leases.items()):
+            if at >= lease.expires:
+                self._end(limit, lease)
+
+
+def decide(
+    store: Any, book: Leases, limits: Sequence[Limit], now: float | None, at: float
+) -> tuple[Decision, Decision]:
+    """Decide a request whose leased limits (`batch` set) are answered from `book`.
+
+    Leased limits without enough units lease in one `store.lease()` call (carrying the
+    units of ended leases back) before the unleased limits go to `store.evaluate()`, so
+    that a window with nothing left refuses the request without charging the others. The
+    reserved units are spent only when the whole request is admitted. Returns the
+    decision, in the request's order, and the part of it answered here (for the tally).
+    Raises what the store raises; nothing is spent then.
+    """
+    holds, refused = _reserve(store, book, limits, now, at)
+    others = [i for i, limit in enumerate(limits) if limit.batch is None]
+    blocked = any(not limits[i].shadow for i in refused)
+    stored: Decision | None = None
+    if others and not blocked:
+        try:
+            stored = store.evaluate([limits[i] for i in others], now)
+        except BaseException:
+            for hold in holds.values():
+                book.cancel(hold)
+            raise
+    admitted = not blocked and (stored is None or stored.allowed)
+    results: list[Result | None] = [None] * len(limits)
+    for i, hold in holds.items():
+        (book.spend if admitted else book.cancel)(hold)
+        results[i] = Result(hold.limit, True, hold.remaining + (0 if admitted else
+                            hold.limit.cost), hold.reset_after, 0.0,
+                            outcome=Outcome.ADMITTED if admitted else Outcome.SPARED)
+    for i, grant in refused.items():
+        results[i] = Result(grant.limit, False, grant.remaining, grant.reset_after,
+                            grant.retry_after, outcome=Outcome.WOULD_REJECT
+                            if grant.limit.shadow else Outcome.REJECTED)
+    if stored is not None:
+        for i, result in zip(others, stored.results, strict=True):
+            results[i] = result
+    else:  # unleased limits not asked (a lease refused): nothing charged, as on a refusal
+        for i in others:
+            results[i] = Result(limits[i], True, 0, 0.0, 0.0, outcome=Outcome.SPARED)
+    done = tuple(r for r in results if r is not None)
+    if blocked:
+        retry = max(g.retry_after for g in refused.values() if not g.limit.shadow)
+        decision = Decision(allowed=False, results=done, retry_after=max(1, math.ceil(retry)))
+        return decision, decision  # answered here whole
+    assert stored is not None or not others
+    if stored is not None:
+        decision = Decision(allowed=admitted, results=done, retry_after=stored.retry_after,
+                            delay=stored.delay, version=stored.version, token=stored.token)
+    else:
+        decision = Decision(allowed=True, results=done)
+    local = tuple(r for r in done if r.limit.batch is not None)
+    return decision, Decision(allowed=admitted, results=local)
+
+
+def _reserve(
+    store: Any, book: Leases, limits: Sequence[Limit], now: float | None, at: float
+) -> tuple[dict[int, Hold], dict[int, Grant]]:
+    """The units each leased limit reserves for this request, by index, taking new leases
+    in one call where the book has too few; and the grants that brought none."""
+    holds: dict[int, Hold] = {}
+    refused: dict[int, Grant] = {}
+    need = []
+    for i, limit in enumerate(limits):
+        if limit.batch is not None:
+            hold = book.take(limit, at)
+            if hold is None:
+                need.append(i)
+            else:
+                holds[i] = hold
+    if not need:
+        return holds, refused
+    try:
+        grants = store.lease([limits[i] for i in need], now, back=book.leftovers())
+    except BaseException:
+        for hold in holds.values():
+            book.cancel(hold)
+        raise
+    for i, grant in zip(need, grants, strict=True):
+        hold = book.grant(grant, at)
+        if hold is None:
+            refused[i] = grant
+        else:
+            holds[i] = hold
+    return holds, refused

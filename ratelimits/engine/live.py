@@ -1,0 +1,92 @@
+"""How many processes share the store: a heartbeat piggy-backed on calls already made.
+
+Each process that decides requests registers itself in one sorted set, `<prefix>live`,
+scored by the time of its last beat, and reads back how many processes beat within
+`LIVE_TTL`. A beat rides along with a call the process makes anyway (an evaluation or a
+version read), at most every `BEAT_EVERY` seconds, never on its own. A process that
+stops beating drops out after `LIVE_TTL`. The pipeline's `on_error="local"` divides a
+shared limit by the last count learnt.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["BEAT_EVERY", "LIVE_TTL", "Heartbeat", "live_key", "live_source"]
+
+#: Seconds between two beats of one process (a beat rides on the first call after).
+BEAT_EVERY = 2.0
+#: Seconds after its last beat that a process stops counting as live.
+LIVE_TTL = 10.0
+
+
+def live_key(prefix: str) -> str:
+    """The sorted set of live processes under `prefix`."""
+    return f"{prefix}live"
+
+
+@lru_cache(maxsize=1)
+def live_source() -> str:
+    """The heartbeat script (see lua/live.lua)."""
+    return (resources.files("ratelimits.engine") / "lua" / "live.lua").read_text("utf-8")
+
+
+class Heartbeat:
+    """One process's beat: when the next one is due, who it is, what it learnt.
+
+    `due()` claims the beat for one caller (another thread's call goes without it), so a
+    burst of calls carries one beat, not one each. Thread-safe.
+    """
+
+    def __init__(self, key: str, *, every: float = BEAT_EVERY, ttl: float = LIVE_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.key = key
+        self.every = every
+        self.ttl = ttl
+        self.clock = clock
+        #: Live processes at the last beat (this one included); None before the first.
+        self.count: int | None = None
+        self._next = -float("inf")
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._member = ""
+
+    def due(self) -> bool:
+        """Whether this call should carry a beat; claims it when so."""
+        now = self.clock()
+        if now < self._next and self._pid == os.getpid():  # a forked child beats at once
+            return False
+        with self._lock:
+            if now < self._next and self._pid == os.getpid():
+                return False
+            self._next = now + self.every
+            return True
+
+    def member(self) -> str:
+        """This process's name in the set: host, pid and a random part, new after a fork."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self._member = f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}"
+            self._pid = pid
+        return self._member
+
+    def args(self, now: float | None = None) -> list[Any]:
+        """The script's ARGV for one beat at `now` (seconds; None: the server's clock)."""
+        return [self.member(), self.ttl, "" if now is None else repr(float(now))]
+
+    def learnt(self, reply: Any) -> int:
+        """Keep the count a beat read back."""
+        self.count = int(reply)
+        return self.count
+
+    def missed(self) -> None:
+        """The call carrying the beat failed: beat again with the next call."""
+        self._next = -float("inf")

@@ -1,0 +1,152 @@
+"""Outcomes counted in process and sent to the store's counters at most a second later.
+
+The per-minute counters and the offender lists are normally written by the script that
+decides a request. Two kinds of decision happen without that script: the ones a cluster
+decides per slot (a slot's script may not touch the counters' keys), and the ones the
+process answers by itself (`frontline`: a remembered refusal, a leased unit). A `Tally`
+counts those in memory. An engine whose next call can carry them takes them (`take`) and
+sends them with it, at no extra round trip; otherwise the tally hands them to its
+engine's `send` `FLUSH_EVERY` seconds after the first one, from a background thread, so a
+request never waits for it and a process that goes quiet still sends its last counts. A
+failed send puts the counts back for the next one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from ratelimits.engine.constants import OFFENDER_CHARS, US
+from ratelimits.engine.errors import EngineError
+from ratelimits.engine.types import Decision, Outcome
+
+__all__ = ["FLUSH_EVERY", "Counts", "Tally"]
+
+#: Tallied counters and offenders reach the store at most this late (seconds).
+FLUSH_EVERY = 1.0
+
+#: (policy name, minute) -> counter field -> n, or (policy name, hour) -> who -> n.
+Counts = dict[tuple[str, int], dict[str, int]]
+#: Sends counters and offenders to the store, emptying each mapping it delivered (what
+#: is left is put back for the next flush); raises EngineError when it cannot.
+Send = Callable[[Counts, Counts], None]
+
+_REFUSED = (Outcome.REJECTED.value, Outcome.WOULD_REJECT.value)
+
+
+class Tally:
+    """Counts decided outside the store's script, flushed by `send`. Thread-safe."""
+
+    def __init__(self, send: Send, every: float = FLUSH_EVERY) -> None:
+        self._send = send
+        self.every = every
+        self._lock = threading.Lock()
+        self._counts: Counts = {}
+        self._offenders: Counts = {}
+        self._flushing = False
+        self._closing = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._pid = os.getpid()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    def add(self, decision: Decision, now_us: int) -> None:
+        """Count each named limit's outcome in `decision`, made at `now_us` (µs)."""
+        minute = math.floor(now_us / (60 * US))
+        hour = math.floor(now_us / (3600 * US))
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent sends its own counts
+                self._pid = os.getpid()
+                self._counts, self._offenders, self._flushing = {}, {}, False
+            for result in decision.results:
+                name = result.limit.name
+                if not name:
+                    continue
+                field = result.outcome.value
+                counts = self._counts.setdefault((name, minute), {})
+                counts[field] = counts.get(field, 0) + 1
+                if field in _REFUSED:
+                    who = result.limit.key[:OFFENDER_CHARS]
+                    offenders = self._offenders.setdefault((name, hour), {})
+                    offenders[who] = offenders.get(who, 0) + 1
+            # one flush pending at a time, `every` after the first count it will send: a
+            # call made meanwhile may carry them instead, and a process that goes quiet
+            # still sends its last counts
+            schedule = not self._flushing
+            if schedule:
+                self._flushing = True
+        if schedule:
+            self._executor().submit(self._flush_quietly, self.every)
+
+    def pending(self) -> bool:
+        """Whether anything waits to be sent."""
+        with self._lock:
+            return bool(self._counts or self._offenders)
+
+    def take(self) -> tuple[Counts, Counts]:
+        """What is tallied, for a call that sends it; `restore()` it if the call fails."""
+        with self._lock:
+            counts, self._counts = self._counts, {}
+            offenders, self._offenders = self._offenders, {}
+        return counts, offenders
+
+    def restore(self, counts: Counts, offenders: Counts) -> None:
+        """Put back what `take()` returned and could not be sent."""
+        self._restore(counts, offenders)
+
+    def flush(self) -> None:
+        """Send what is tallied now. On failure it stays tallied and EngineError is raised."""
+        counts, offenders = self.take()
+        try:
+            if counts or offenders:
+                self._send(counts, offenders)
+        except EngineError:
+            self._restore(counts, offenders)
+            raise
+        finally:
+            self._flushing = False
+
+    def close(self) -> None:
+        """Flush what is tallied and stop the background thread (also run at exit)."""
+        self._closing.set()
+        with contextlib.suppress(Exception):  # closing (often at exit) never raises
+            self.flush()
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.shutdown(wait=True)
+
+    def _flush_quietly(self, wait: float = 0.0) -> None:
+        if wait:
+            self._closing.wait(wait)  # close() cuts the wait short and flushes
+        with contextlib.suppress(Exception):  # put back for the next flush
+            self.flush()
+
+    def _restore(self, counts: Counts, offenders: Counts) -> None:
+        with self._lock:
+            for tally, back in ((self._counts, counts), (self._offenders, offenders)):
+                for k, fields in back.items():
+                    mine = tally.setdefault(k, {})
+                    for f, n in fields.items():
+                        mine[f] = mine.get(f, 0) + n
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # the flush runs beside requests, not in front of one; threads do not survive fork
+        if self._pool is None or self._pool_pid != os.getpid():
+            with self._lock:
+                if self._pool is None or self._pool_pid != os.getpid():
+                    self._pool = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="ratelimits-tally")
+                    self._pool_pid = os.getpid()
+        return self._pool
+
+
+def _close_at_exit(ref: weakref.ref[Tally]) -> None:
+    tally = ref()
+    if tally is not None:
+        tally.close()

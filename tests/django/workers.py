@@ -1,0 +1,104 @@
+"""Real gunicorn workers on a private redis-server, for the multi-process tests.
+
+`Site` migrates a file SQLite database, runs code in a process of the site (to save
+policies as an operator would), starts `gunicorn -w N` and sends requests whose answer
+names the worker's pid (tests/django/workers_settings.py).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Site:
+    def __init__(self, tmp: Path, redis_url: str) -> None:
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.django.workers_settings",
+            "WORKERS_DB": str(tmp / "site.sqlite3"),
+            "WORKERS_REDIS_URL": redis_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        self.port = _free_port()
+        self.server: subprocess.Popen[bytes] | None = None
+        self.run("from django.core.management import call_command\n"
+                 "call_command('migrate', verbosity=0)")
+
+    def run(self, code: str) -> None:
+        """Run `code` in a process of the site (Django set up), as an operator's shell."""
+        subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + code],
+                       cwd=ROOT, env=self.env, check=True, timeout=60)
+
+    def policy(self, **fields: object) -> None:
+        self.run("from ratelimits.models import Policy\n"
+                 f"p = Policy(**{fields!r})\np.full_clean()\np.save()")
+
+    def start(self, workers: int) -> None:
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
+             "-w", str(workers), "-b", f"127.0.0.1:{self.port}", "--log-level", "warning"],
+            cwd=ROOT, env=self.env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.get("/free/")
+                return
+            except OSError:
+                if self.server.poll() is not None or time.monotonic() > deadline:
+                    why = "timeout" if self.server.poll() is None else (
+                        self.server.stderr.read().decode()  # type: ignore[union-attr]
+                    )
+                    raise RuntimeError(f"gunicorn did not start: {why}") from None
+                time.sleep(0.1)
+
+    def get(self, path: str) -> tuple[int, int]:
+        """(status, the answering worker's pid) of one request on a new connection."""
+        status, pid, _ = self.fetch(path)
+        return status, pid
+
+    def fetch(self, path: str) -> tuple[int, int, dict[str, str]]:
+        """`get()` with the response's headers (names in lower case)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            headers = {k.lower(): v for k, v in response.getheaders()}
+            return response.status, int(response.read()), headers
+        finally:
+            conn.close()
+
+    def load(self, path: str, n: int, threads: int = 6) -> list[tuple[float, int, int]]:
+        """`n` requests from `threads` clients at once: (time sent, status, pid) each."""
+        def one(_: int) -> tuple[float, int, int]:
+            sent = time.monotonic()
+            return (sent, *self.get(path))
+
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(one, range(n)))
+
+    def stop(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
