@@ -31,18 +31,45 @@ from bench.common import Check, Section, fmt_rate, median, spread, table
 
 LOADERS = 3
 CLIENT_IPS = 1_000
-POLICIES = [  # three matching, enforced, admitting policies, as an operator would write
-    {"name": "bench-gcra", "algorithm": "gcra"},
-    {"name": "bench-sliding", "algorithm": "sliding_window"},
-    {"name": "bench-fixed", "algorithm": "fixed_window"},
-]
+_IP = {"limit": 1_000_000_000, "key": "ip"}
+_HOT = {"algorithm": "fixed_window", "limit": 1_000_000, "key": "global"}
+#: The policy sets, each in a database of its own: the enforced, admitting policies every
+#: request of a scenario meets, as an operator would write them.
+POLICIES: dict[str, list[dict[str, object]]] = {
+    "three": [
+        {"name": "bench-gcra", "algorithm": "gcra", **_IP},
+        {"name": "bench-sliding", "algorithm": "sliding_window", **_IP},
+        {"name": "bench-fixed", "algorithm": "fixed_window", **_IP},
+    ],
+    # one hot policy of 10⁶ per minute, every request to the store ...
+    "one": [{"name": "bench-hot", **_HOT}],
+    # ... and the same policy leasing 100 units at a time
+    "leased": [{"name": "bench-hot", **_HOT, "batch": 100}],
+    # the three of "three", each worker counting alone
+    "per_process": [
+        {"name": "bench-gcra", "algorithm": "gcra", **_IP, "counting": "per_process"},
+        {"name": "bench-sliding", "algorithm": "sliding_window", **_IP,
+         "counting": "per_process"},
+        {"name": "bench-fixed", "algorithm": "fixed_window", **_IP, "counting": "per_process"},
+    ],
+    # a flood: one client (key global: every request is that client) far over its limit
+    "flood": [{"name": "bench-flood", "algorithm": "fixed_window", "limit": 5,
+               "key": "global"}],
+}
 SCENARIOS = [
-    # (label, settings scenario, path)
-    ("(a) /hello/, no rate limiting", "none", "/hello/"),
-    ("(b) /hello/, our middleware, 3 policies", "ours", "/hello/"),
-    ("(a') /api/items/ (DRF view), no throttling", "none", "/api/items/"),
-    ("(c) /api/items/, DRF AnonRateThrottle + UserRateThrottle", "drf", "/api/items/"),
-    ("(d) /api/items/, our middleware + PolicyThrottle, 3 policies", "ours", "/api/items/"),
+    # (label, settings scenario, path, policy set)
+    ("(a) /hello/, no rate limiting", "none", "/hello/", "three"),
+    ("(b) /hello/, our middleware, 3 policies", "ours", "/hello/", "three"),
+    ("(b1) /hello/, our middleware, 1 policy of 10⁶/min", "ours", "/hello/", "one"),
+    ("(b') /hello/, our middleware, 1 policy of 10⁶/min with batch 100", "ours", "/hello/",
+     "leased"),
+    ("(b'') /hello/, our middleware, 3 per_process policies", "ours", "/hello/",
+     "per_process"),
+    ("(f) /hello/, one client flooding an enforced 5/min", "ours", "/hello/", "flood"),
+    ("(a') /api/items/ (DRF view), no throttling", "none", "/api/items/", "three"),
+    ("(c) /api/items/, DRF AnonRateThrottle + UserRateThrottle", "drf", "/api/items/", "three"),
+    ("(d) /api/items/, our middleware + PolicyThrottle, 3 policies", "ours", "/api/items/",
+     "three"),
 ]
 
 
@@ -65,18 +92,19 @@ def _env(db: str, scenario: str) -> dict[str, str]:
     return env
 
 
-def _prepare(db: str) -> None:
+def _prepare(db: str, policies: list[dict[str, object]]) -> None:
     python = sys.executable
     env = _env(db, "ours")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=common.ROOT,
                    env=env, check=True)
     code = (
         "from ratelimits.models import Policy\n"
-        f"for p in {POLICIES!r}:\n"
-        "    Policy.objects.update_or_create(name=p['name'], defaults=dict(\n"
-        "        mode='enforce', algorithm=p['algorithm'], limit=1_000_000_000, period=60,\n"
-        "        key='ip', path='*'))\n"
-        "assert Policy.objects.filter(mode='enforce').count() == 3\n"
+        f"for p in {policies!r}:\n"
+        "    p = dict(p)\n"
+        "    policy, _ = Policy.objects.update_or_create(name=p.pop('name'), defaults=dict(\n"
+        "        mode='enforce', period=60, path='*', **p))\n"
+        "    policy.full_clean()\n"
+        f"assert Policy.objects.filter(mode='enforce').count() == {len(policies)}\n"
     )
     subprocess.run([python, "manage.py", "shell", "-c", code], cwd=common.ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)
@@ -110,6 +138,12 @@ def _load(port: int, path: str, seconds: float, worker: int, out) -> None:
     out.put((latencies, bad))
 
 
+def _scripts_run() -> int:
+    """Scripts the run's private Redis has run so far (INFO commandstats)."""
+    stats = common.redis_client(common.PEERS_DB).info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
 def _run_once(db: str, scenario: str, path: str, seconds: float, warmup: float):
     port = _free_port()
     server = subprocess.Popen(
@@ -136,12 +170,14 @@ def _run_once(db: str, scenario: str, path: str, seconds: float, warmup: float):
             procs = [ctx.Process(target=_load, args=(port, path, phase_seconds, w, queue))
                      for w in range(LOADERS)]
             start = time.perf_counter()
+            scripts = _scripts_run()
             for p in procs:
                 p.start()
             results = [queue.get() for _ in procs]
             for p in procs:
                 p.join()
             elapsed = time.perf_counter() - start
+            scripts = _scripts_run() - scripts
         latencies = sorted(x for lat, _ in results for x in lat)
         bad = sum(b for _, b in results)
         n = len(latencies)
@@ -151,6 +187,7 @@ def _run_once(db: str, scenario: str, path: str, seconds: float, warmup: float):
             "p99": latencies[min(n - 1, int(n * 0.99))] * 1000,
             "bad": bad,
             "n": n,
+            "scripts/s": scripts / elapsed,
         }
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -166,14 +203,15 @@ def run(quick: bool = False) -> Section:
     section = Section("3. End to end: the demo under gunicorn")
     common.flush(common.PEERS_DB)
     with tempfile.TemporaryDirectory(prefix="ratelimits-bench-") as tmp:
-        db = str(Path(tmp) / "bench.sqlite3")
-        _prepare(db)
-        runs: dict[str, list[dict]] = {label: [] for label, _, _ in SCENARIOS}
+        dbs = {name: str(Path(tmp) / f"bench-{name}.sqlite3") for name in POLICIES}
+        for name, policies in POLICIES.items():
+            _prepare(dbs[name], policies)
+        runs: dict[str, list[dict]] = {label: [] for label, *_ in SCENARIOS}
         for _ in range(rounds):
-            for label, scenario, path in SCENARIOS:
-                runs[label].append(_run_once(db, scenario, path, seconds, warmup))
+            for label, scenario, path, policies in SCENARIOS:
+                runs[label].append(_run_once(dbs[policies], scenario, path, seconds, warmup))
     rows, med = [], {}
-    for label, _, _ in SCENARIOS:
+    for label, *_ in SCENARIOS:
         rs = runs[label]
         med[label] = median([r["rps"] for r in rs])
         rows.append([label, fmt_rate(med[label]), spread([r["rps"] for r in rs]),
@@ -187,20 +225,33 @@ def run(quick: bool = False) -> Section:
         f"measured after {warmup:g} s of warm-up, {rounds} interleaved repetitions (a fresh "
         "gunicorn each), medians. Latency is per request as the client sees it, connect "
         "included. Ours: three enforced policies on every path (`gcra`, `sliding_window`, "
-        "`fixed_window`, key `ip`, 10⁹ per minute), decided in one EVALSHA per request. "
+        "`fixed_window`, key `ip`, 10⁹ per minute), decided in one EVALSHA per request; "
+        "(b1) and (b'): one `fixed_window` policy of 10⁶ per minute on key `global`, "
+        "without `batch` (one EVALSHA per request) and with `batch` 100 (a lease call per "
+        "100 requests or per second per worker, the rest decided in process). "
+        "(b''): the three of (b) with `counting = per_process`, decided in each worker. "
+        "(f): every request of one client (key `global`) against an enforced 5 per minute: "
+        "after the first five, 429s, each worker asking Redis about once a second (the "
+        "deny cache); Redis scripts per second are counted with INFO commandstats. "
         "DRF: `AnonRateThrottle` + `UserRateThrottle` at 1,000,000/min (the request is "
         "anonymous, so the user throttle falls back to the IP too: two cache GETs and two "
         "SETs of the history list). Redis db 14 via django-redis for both."
     )
     section.add(table(["scenario", "req/s", "±", "p50 ms", "p99 ms", "requests", "non-200"],
                       rows))
-    a = med[SCENARIOS[0][0]]
-    b = med[SCENARIOS[1][0]]
-    a2 = med[SCENARIOS[2][0]]
-    c = med[SCENARIOS[3][0]]
-    d = med[SCENARIOS[4][0]]
+    a, b, b1, leased, alone, flood, a2, c, d = (med[label] for label, *_ in SCENARIOS)
+    flood_scripts = median([r["scripts/s"] for r in runs[SCENARIOS[5][0]]])
     section.checks += [
         Check("(b) our middleware vs (a) no rate limiting", b / a, "≥ 0.85×", b / a >= 0.85),
+        Check("(b1) 1 policy, no batch vs (a) no rate limiting", b1 / a, "reference", True),
+        Check("(b') 1 policy, batch 100 vs (a) no rate limiting", leased / a, "≥ 0.9×",
+              leased / a >= 0.9),
+        Check("(b'') per_process policies vs (a) no rate limiting", alone / a, "reference",
+              True),
+        Check("(f) a flood, answered 429 vs (a) no rate limiting", flood / a, "≥ 0.9×",
+              flood / a >= 0.9),
+        Check("(f) Redis scripts per second during the flood", round(flood_scripts, 1),
+              "reference", True, unit="/s"),
         Check("(c) DRF throttles vs (a') unthrottled DRF view", c / a2, "reference", True),
         Check("(d) ours on the DRF view vs (a') unthrottled DRF view", d / a2, "reference", True),
         Check("(d) ours vs (c) DRF throttles, same view", d / c, "reference", True),
