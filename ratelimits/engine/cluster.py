@@ -12,6 +12,7 @@ concurrent observer can see between a charge and its refund.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -74,6 +75,8 @@ _REDIRECTS = (NoScriptError, MovedError, AskError, TryAgainError)
 #: reach, and for two seconds after a primary restarts, before it serves writes again.
 _UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException,
                                              ClusterDownError)
+#: What one slot's call may fail with while the other slots' calls still count.
+_UNREACHED: tuple[type[Exception], ...] = (*_UNAVAILABLE, EngineUnavailable)
 #: slot.lua's reply: admitted, now_us, then per limit the result fields and s1, s2.
 _SLOT_HEAD = 2
 _PER = FIELDS + 2
@@ -186,7 +189,12 @@ class ClusterEngine:
         version_slot = _VERSION
         if self.version_key:
             calls[version_slot] = _Call(None, [self.version_key], [])
-        replies = self._fanout_beating(calls, now)
+        reached: dict[int, Any] = {}
+        try:
+            replies = self._fanout_beating(calls, now, reached)
+        except EngineUnavailable:
+            self._refund_reached(limits, groups, reached, token)
+            raise
         raw, undo, now_us = self._collect(limits, groups, replies)
         admitted = len(undo) == len(groups)
         if not admitted and undo:
@@ -221,6 +229,18 @@ class ClusterEngine:
                 o = _SLOT_HEAD + j * _PER
                 raw[i * FIELDS:(i + 1) * FIELDS] = reply[o:o + FIELDS]
         return raw, undo, now_us
+
+    def _refund_reached(self, limits: Sequence[Limit], groups: dict[int, list[int]],
+                        replies: dict[int, Any], token: str) -> None:
+        """A node was out of reach: the request is undecided, so the slots that charged
+        on the nodes reached give it back (best effort: the caller fails either way)."""
+        undo = {slot: reply for slot, reply in replies.items()
+                if slot in groups and isinstance(reply, list) and reply and reply[0] == 1}
+        if not undo:
+            return
+        raw: list[Any] = [0] * (FIELDS * len(limits))
+        with contextlib.suppress(EngineError):  # what stays charged expires by itself
+            self._refund_slots(limits, groups, undo, token, raw)
 
     def _refund_slots(self, limits: Sequence[Limit], groups: dict[int, list[int]],
                       undo: dict[int, list[Any]], token: str, raw: list[Any]) -> None:
@@ -274,14 +294,15 @@ class ClusterEngine:
             breaker.success()
         return int(raw) if raw is not None else 0
 
-    def _fanout_beating(self, calls: dict[int, _Call], now: float | None) -> dict[int, Any]:
+    def _fanout_beating(self, calls: dict[int, _Call], now: float | None,
+                        reached: dict[int, Any] | None = None) -> dict[int, Any]:
         """`_fanout(calls)`, with the heartbeat's call among them when one is due."""
         beat = self.heartbeat
         if beat is None or not beat.due():
-            return self._fanout(calls)
+            return self._fanout(calls, reached)
         calls[_LIVE] = _Call(self._live, [beat.key], beat.args(now))
         try:
-            replies = self._fanout(calls)
+            replies = self._fanout(calls, reached)
         except EngineError:
             beat.missed()
             raise
@@ -290,12 +311,15 @@ class ClusterEngine:
 
     # -- the fan-out --------------------------------------------------------------------
 
-    def _fanout(self, calls: dict[int, _Call]) -> dict[int, Any]:
+    def _fanout(self, calls: dict[int, _Call],
+                reached: dict[int, Any] | None = None) -> dict[int, Any]:
         """Run each slot's call, the calls of one node in one pipeline, the nodes at once:
         every node's pipeline is written before any reply is read, so the nodes work in
         parallel and a request waits about one round trip. A call the cluster redirected
-        (MOVED, ASK, TRYAGAIN) or whose script the node lacked was not run: it goes again
-        through the cluster client, which follows redirects and loads scripts."""
+        or whose script the node lacked was not run: it goes again (`_follow`).
+
+        A node out of reach fails the whole call with EngineUnavailable, after the other
+        nodes' replies were read: with `reached`, they are left there for the caller."""
         if self._stale:
             self._refresh()
         by_node: dict[str, tuple[Any, list[int]]] = {}
@@ -305,24 +329,64 @@ class ClusterEngine:
             node = sent_to[slot] = get_node(slot if slot >= 0 else
                                             self.client.keyslot(call.keys[0]))
             by_node.setdefault(node.name, (node, []))[1].append(slot)
+        failed: Exception | None = None
         try:
             replies = self._exchange(list(by_node.values()), calls)
+            self._load_missing(replies, calls, sent_to)
             for slot, reply in replies.items():
-                if isinstance(reply, AskError) and not isinstance(reply, MovedError):
-                    call = calls[slot]  # (redis-py's MovedError is an AskError)
-                    if call.windows:
-                        self._moved(sent_to[slot], call.windows)
-                    replies[slot] = self._ask(reply, call)
-                elif isinstance(reply, _REDIRECTS):
-                    replies[slot] = self._again(calls[slot])
-                elif isinstance(reply, Exception):
-                    raise reply
-        except _UNAVAILABLE as exc:
-            self._stale = True
-            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
+                try:
+                    replies[slot] = self._follow(reply, calls[slot], sent_to[slot])
+                except _UNREACHED as exc:
+                    # one node out of reach: the others' replies still count (a slot
+                    # that charged is refunded by the caller), the call fails after them
+                    replies[slot] = exc
+                    failed = failed or exc
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
+        if failed is not None:
+            self._stale = True
+            if reached is not None:  # for the caller to refund what the others charged
+                reached.update(replies)
+            raise EngineUnavailable(str(failed) or type(failed).__name__) from failed
         return replies
+
+    def _follow(self, reply: Any, call: _Call, source: Any) -> Any:
+        """A slot's final reply: its call sent again where the cluster redirected it (MOVED,
+        ASK, TRYAGAIN); errors raised."""
+        if isinstance(reply, _UNAVAILABLE):
+            raise reply
+        if isinstance(reply, AskError) and not isinstance(reply, MovedError):
+            if call.windows:  # (redis-py's MovedError is an AskError)
+                self._moved(source, call.windows)
+            return self._ask(reply, call)
+        if isinstance(reply, _REDIRECTS):
+            return self._again(call)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def _load_missing(self, replies: dict[int, Any], calls: dict[int, _Call],
+                      sent_to: dict[int, Any]) -> None:
+        """The calls whose script their node lacked, sent again as EVAL to the same node
+        (which keeps the script for the next EVALSHA): one pipeline per node. Not through
+        the cluster client: it loads a script on every primary, and fails while any one of
+        them is out of reach. Replies replace the NOSCRIPT ones (errors as values)."""
+        missing: dict[str, tuple[Any, list[int]]] = {}
+        for slot, reply in replies.items():
+            if isinstance(reply, NoScriptError):
+                node = sent_to[slot]
+                missing.setdefault(node.name, (node, []))[1].append(slot)
+        for node, slots in missing.values():
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+            for slot in slots:
+                call = calls[slot]
+                pipe.execute_command("EVAL", call.script.script, len(call.keys), *call.keys,
+                                     *call.args)
+            try:
+                again = pipe.execute(raise_on_error=False)
+            except _UNAVAILABLE as exc:
+                again = [exc] * len(slots)
+            replies.update(zip(slots, again, strict=True))
 
     def _again(self, call: _Call) -> Any:
         """Send a call again through the cluster client (it follows MOVED, loads scripts)."""
@@ -402,29 +466,47 @@ class ClusterEngine:
 
     def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, _Call]
                   ) -> dict[int, Any]:
-        """Write every node's pipeline, then read every reply (errors as values)."""
+        """Write every node's pipeline, then read every reply. Errors are values: a
+        script's error for its slot, a node's failure for each slot sent to it (the
+        other nodes' replies are still read)."""
         sent: list[tuple[Any, Any, list[int]]] = []
         replies: dict[int, Any] = {}
+        broken: list[Any] = []  # connections whose replies may be left unread
         try:
             for node, slots in jobs:
-                server = self.client.get_redis_connection(node)
-                conn = server.connection_pool.get_connection()
+                try:
+                    server = self.client.get_redis_connection(node)
+                    conn = server.connection_pool.get_connection()
+                except _UNAVAILABLE as exc:
+                    replies.update((s, exc) for s in slots)
+                    continue
                 sent.append((server, conn, slots))
-                conn.send_packed_command(conn.pack_commands(
-                    [("GET", calls[s].keys[0]) if calls[s].script is None else
-                     ("EVALSHA", calls[s].script.sha, len(calls[s].keys), *calls[s].keys,
-                      *calls[s].args) for s in slots]))
+                try:
+                    conn.send_packed_command(conn.pack_commands(
+                        [("GET", calls[s].keys[0]) if calls[s].script is None else
+                         ("EVALSHA", calls[s].script.sha, len(calls[s].keys),
+                          *calls[s].keys, *calls[s].args) for s in slots]))
+                except _UNAVAILABLE as exc:
+                    replies.update((s, exc) for s in slots)
+                    broken.append(conn)
             for server, conn, slots in sent:
-                for slot in slots:
+                if conn in broken:
+                    continue
+                for i, slot in enumerate(slots):
                     try:
                         replies[slot] = server.parse_response(conn, "EVALSHA")
                     except redis.ResponseError as exc:
                         replies[slot] = exc
+                    except _UNAVAILABLE as exc:
+                        replies.update((s, exc) for s in slots[i:])
+                        broken.append(conn)
+                        break
         except BaseException:
-            for _, conn, _ in sent:  # replies may be left unread: never reuse them
-                conn.disconnect()
+            broken = [conn for _, conn, _ in sent]
             raise
         finally:
+            for conn in broken:
+                conn.disconnect()
             for server, conn, _ in sent:
                 server.connection_pool.release(conn)
         return replies

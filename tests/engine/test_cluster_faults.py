@@ -20,6 +20,7 @@ from redis.retry import Retry
 from ratelimits.engine import EngineUnavailable, Limit
 from ratelimits.engine.cluster import REFRESH_EVERY, ClusterEngine
 from ratelimits.engine.keys import base_key
+from ratelimits.engine.registry import ALGORITHMS
 from tests.engine.conftest import T0
 from tests.engine.test_cluster_engine import three_on_three
 from tests.redis_cluster import RedisCluster
@@ -334,3 +335,38 @@ def test_a_primary_killed_under_traffic_fails_fast_then_limits_apply_again(capsy
         print(f"\nkill -9 of a primary: admitted by callers - held after failover = {over} "
               f"({before} admitted before the kill); {unavailable} calls raised "
               f"EngineUnavailable; slowest call {slowest * 1000:.0f} ms")
+
+
+def test_a_primary_out_of_reach_leaves_nothing_charged_on_the_others():
+    """A request whose limits live on two primaries, one of them dead: the call fails as
+    unavailable, and the primary that charged gives the units back (all or nothing). The
+    live primary meets each script for the first time: it gets it as EVAL, since loading a
+    script through the cluster client needs every primary, the dead one included."""
+    small = RedisCluster(replicas=0).start()  # no replica: the dead primary stays dead
+    try:
+        client = _client(small.ports)
+        victim = small.ports[0]
+        engine = ClusterEngine(_client(small.ports))
+
+        def placed(algorithm: str, name: str, on: Callable[[int], bool]) -> Limit:
+            for i in range(10_000):
+                limit = Limit(f"ip:198.51.100.{i}", algorithm, 5, 60, name=name)
+                if on(_port(client, limit)):
+                    return limit
+            raise AssertionError("no key on the wanted primary")
+
+        small.kill(victim)
+        for algorithm in ALGORITHMS:
+            alive = placed(algorithm, f"alive-{algorithm}", lambda p: p != victim)
+            twin = placed(algorithm, f"twin-{algorithm}", lambda p: p != victim)
+            dead = placed(algorithm, f"dead-{algorithm}", lambda p: p == victim)
+            # the live primary's node is written first: it charges before the dead one fails
+            with pytest.raises(EngineUnavailable):
+                engine.evaluate([alive, dead], now=T0)
+            after = engine.evaluate([alive], now=T0 + 1).results[0]
+            fresh = engine.evaluate([twin], now=T0 + 1).results[0]
+            assert after.remaining == fresh.remaining, algorithm
+        engine.close()
+        client.close()
+    finally:
+        small.stop()
