@@ -8,6 +8,10 @@ replica has finished its first sync, so a failover is possible from then on.
 Topology changes for tests: `add_node()` joins an empty primary (for `redis-cli --cluster
 reshard` to fill), `move_node()` restarts a node on another port as the same node (its
 id and its data kept), `wait_agree()` waits until every node sees every other where it is.
+
+With `tls` (a directory holding ca.crt, server.crt and server.key), every node also speaks
+TLS on a port of its own, its cluster bus too (`tls-cluster yes`); a TLS client is told the
+nodes' TLS ports, while the plain ports stay open for the fixture's own checks.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
@@ -83,11 +88,20 @@ class RedisCluster:
     #: port -> the name of the node's files (`nodes-<name>.conf`, `dump-<name>.rdb`): the
     #: port it first started on, kept when `move_node()` restarts it on another port
     names: dict[int, str] = field(default_factory=dict)
+    tls: Path | None = None
+    #: port -> its TLS port (with `tls`)
+    tls_ports: dict[int, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         """The scheme `RATELIMITS["REDIS_URL"]` takes: any node is a seed for the rest."""
         return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    @property
+    def tls_url(self) -> str:
+        """`url` for a TLS client: the nodes' TLS ports, no options (the caller's)."""
+        return "rediss+cluster://" + ",".join(f"127.0.0.1:{self.tls_ports[p]}"
+                                              for p in self.ports)
 
     def client(self, port: int, **kwargs: object) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=2, **kwargs)  # type: ignore[arg-type]
@@ -106,8 +120,13 @@ class RedisCluster:
             self.start_node(port)
         for port in self.ports:
             self._wait_ping(port, timeout)
+        tls = [] if self.tls is None else [
+            "--tls", "--cacert", str(self.tls / "ca.crt"),
+            "--cert", str(self.tls / "client.crt"), "--key", str(self.tls / "client.key")]
         create = subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+            # with TLS, the bus port is the TLS port + 10000: the nodes meet on those
+            [cli, *tls, "--cluster", "create",
+             *(f"127.0.0.1:{self.tls_ports.get(p, p)}" for p in self.ports),
              "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             capture_output=True, text=True, timeout=timeout,
         )
@@ -129,9 +148,23 @@ class RedisCluster:
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.workdir, "--dbfilename", f"dump-{name}.rdb",
              "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{name}.conf",
-             "--cluster-node-timeout", str(self.node_timeout_ms)],
+             "--cluster-node-timeout", str(self.node_timeout_ms), *self._tls_args(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+
+    def _tls_args(self, port: int) -> list[str]:
+        if self.tls is None:
+            return []
+        if port not in self.tls_ports:
+            taken = {*self.ports, *self.tls_ports.values()}
+            self.tls_ports[port] = next(p for p in range(port + 1000, port + 2000)
+                                        if p not in taken and _free(p)
+                                        and _free(p + BUS_OFFSET))
+        return ["--tls-port", str(self.tls_ports[port]), "--tls-cluster", "yes",
+                "--tls-auth-clients", "yes",
+                "--tls-cert-file", str(self.tls / "server.crt"),
+                "--tls-key-file", str(self.tls / "server.key"),
+                "--tls-ca-cert-file", str(self.tls / "ca.crt")]
 
     def _wait_ping(self, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -299,6 +332,7 @@ class RedisCluster:
             self.kill(port)
         self.procs.clear()
         self.names.clear()
+        self.tls_ports.clear()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = ""

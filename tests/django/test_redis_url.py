@@ -239,6 +239,37 @@ def test_decisions_land_on_the_tls_server_with_the_urls_certificates(
     assert f"{PREFIX}version" in prefixed_keys(direct) and len(prefixed_keys(direct)) >= 2
 
 
+def test_decisions_land_on_a_tls_cluster_with_the_urls_certificates(
+    client, make_policy, certificates, settings  # noqa: F811
+):
+    """rediss+cluster://: every node reached over TLS with the URL's certificates (the
+    nodes want a client certificate), the limiter's timeouts kept, decisions on the cluster."""
+    from ratelimits.engine.cluster import ClusterEngine
+
+    tls_cluster = RedisCluster(replicas=0, tls=certificates).start()
+    try:
+        options = tls_options(certificates)
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        use_url(settings, f"{tls_cluster.tls_url}?{query}")
+        engine = get_engine().store
+        assert isinstance(engine, ClusterEngine)
+        primaries = engine.client.get_primaries()
+        assert {n.port for n in primaries} == set(tls_cluster.tls_ports.values())
+        for node in primaries:
+            pool = node.redis_connection.connection_pool
+            assert issubclass(pool.connection_class, redis.SSLConnection)
+            assert {k: pool.connection_kwargs[k] for k in options} == options
+            assert_limiter_options(pool.connection_kwargs)
+
+        make_policy(name="on-tls-cluster", limit=2, path="/hello/", on_error="deny")
+        assert [client.get("/hello/").status_code for _ in range(3)] == [200, 200, 429]
+        # read back on the plain ports: the limit's key is on the cluster
+        assert sum(len(tls_cluster.client(p).keys(f"{PREFIX}*"))
+                   for p in tls_cluster.ports) >= 1
+    finally:
+        tls_cluster.stop()
+
+
 # -- a Redis Cluster -----------------------------------------------------------------------
 
 
