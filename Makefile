@@ -40,12 +40,18 @@ demo: $(STAMP)
 	$(BIN)/python manage.py demo_admin --port $(PORT)
 	$(BIN)/python manage.py runserver 127.0.0.1:$(PORT)
 
+# HTTP load for `make bench`: Debian's wrk.
+WRK ?= /usr/bin/wrk
+$(WRK):
+	apt-get install -y --no-install-recommends wrk || \
+	  (apt-get update && apt-get install -y --no-install-recommends wrk)
+
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(WRK)
 	$(BIN)/python bench/run_all.py --write docs/benchmarks.md
 
 clean:

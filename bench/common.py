@@ -21,6 +21,7 @@ import atexit
 import importlib.metadata
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -225,6 +226,14 @@ def spread(values: Sequence[float]) -> str:
 # -- the machine -----------------------------------------------------------------------
 
 
+def wrk() -> str:
+    """The wrk binary (Debian's package; `make bench` installs it when missing)."""
+    found = shutil.which("wrk")
+    if found is None:
+        raise RuntimeError("wrk is not installed: apt-get install wrk (make bench does it)")
+    return found
+
+
 def machine() -> list[tuple[str, str]]:
     model = "unknown"
     try:
@@ -251,6 +260,11 @@ def machine() -> list[tuple[str, str]]:
         rows.append(("redis-benchmark", out.stdout.strip() or "?"))
     except OSError:
         rows.append(("redis-benchmark", "not installed"))
+    try:
+        out = subprocess.run([wrk(), "--version"], capture_output=True, text=True)
+        rows.append(("wrk", (out.stdout or out.stderr).split(" Copyright")[0].strip()))
+    except (OSError, RuntimeError):
+        rows.append(("wrk", "not installed"))
     for package in PEER_PACKAGES:
         try:
             rows.append((package, importlib.metadata.version(package)))

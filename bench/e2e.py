@@ -1,21 +1,21 @@
-"""Section 3: end to end, the demo site under gunicorn, a bounded Python load generator.
+"""Section 3: end to end, the demo site under gunicorn, loaded by wrk.
 
     .venv/bin/python bench/e2e.py [--quick]
 
-gunicorn runs `demo_project.wsgi` with 2 sync workers and bench/e2e_settings.py (the
-demo's settings, one scenario chosen by environment variable), Redis db 14 through
-django-redis, and a throwaway SQLite database migrated in a temporary directory. The load
-generator is a few processes, each sending one request after another for a fixed time;
-gunicorn's sync workers close the connection after every response, so every request opens
-a new one, from a rotating source address in 127.1.0.0/16 (1,000 clients: per-IP policies
-and throttles see many clients, and no source runs out of ephemeral ports).
+gunicorn runs `demo_project.wsgi` with 2 × cores + 1 sync workers and
+bench/e2e_settings.py (the demo's settings, one scenario chosen by environment variable),
+Redis db 14 through django-redis, and a throwaway SQLite database migrated in a temporary
+directory. wrk (Debian's; `make bench` installs it) keeps 50 connections busy; gunicorn's
+sync workers close the connection after every response, so every request opens a new one.
+Each request names one of 1,000 clients in X-Forwarded-For (bench/wrk_clients.lua), which
+the settings trust from 127.0.0.1: per-IP policies and DRF's throttles see many clients.
 """
 
 from __future__ import annotations
 
 import http.client
-import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,8 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import Check, Section, fmt_rate, median, spread, table
 
-LOADERS = 3
-CLIENT_IPS = 1_000
+#: gunicorn's advice for sync workers: 2 × cores + 1
+WORKERS = 2 * (os.cpu_count() or 1) + 1
+CONNECTIONS = 50
+WRK_THREADS = 2
+#: names each request's client, one of 1,000, in X-Forwarded-For
+WRK_SCRIPT = Path(__file__).resolve().parent / "wrk_clients.lua"
 _IP = {"limit": 1_000_000_000, "key": "ip"}
 _HOT = {"algorithm": "fixed_window", "limit": 1_000_000, "key": "global"}
 #: The policy sets, each in a database of its own: the enforced, admitting policies every
@@ -110,9 +114,8 @@ def _prepare(db: str, policies: list[dict[str, object]]) -> None:
                    check=True, stdout=subprocess.DEVNULL)
 
 
-def _get(port: int, path: str, source: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
-                                      source_address=(source, 0))
+def _get(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("GET", path, headers={"Accept": "application/json"})
         response = conn.getresponse()
@@ -122,20 +125,37 @@ def _get(port: int, path: str, source: str) -> int:
         conn.close()
 
 
-def _load(port: int, path: str, seconds: float, worker: int, out) -> None:
-    sources = [f"127.1.{i // 250}.{i % 250 + 1}" for i in range(CLIENT_IPS)]
-    latencies, bad, i = [], 0, worker
-    deadline = time.perf_counter() + seconds
-    while True:
-        start = time.perf_counter()
-        if start >= deadline:
-            break
-        status = _get(port, path, sources[i % CLIENT_IPS])
-        latencies.append(time.perf_counter() - start)
-        if status != 200:
-            bad += 1
-        i += LOADERS
-    out.put((latencies, bad))
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit]
+
+
+def _wrk(port: int, path: str, seconds: int) -> dict[str, float]:
+    """One wrk run; its requests per second, latency percentiles and failures."""
+    out = subprocess.run(
+        [common.wrk(), "-t", str(WRK_THREADS), "-c", str(CONNECTIONS), "-d", f"{seconds}s",
+         "--latency", "-s", str(WRK_SCRIPT), f"http://127.0.0.1:{port}{path}"],
+        capture_output=True, text=True, check=True, timeout=seconds + 60,
+    ).stdout
+    percentiles = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.MULTILINE))
+    requests = re.search(r"^\s+(\d+) requests in", out, re.MULTILINE)
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
+                       r"timeout (\d+)", out)
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", out, re.MULTILINE)
+    if not (rps and requests and len(percentiles) == 2):
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    return {
+        "rps": float(rps.group(1)),
+        "p50": _ms(percentiles["50"]),
+        "p99": _ms(percentiles["99"]),
+        "n": int(requests.group(1)),
+        "bad": (int(non_2xx.group(1)) if non_2xx else 0)
+        + (sum(int(g) for g in errors.groups()) if errors else 0),
+    }
 
 
 def _scripts_run() -> int:
@@ -144,10 +164,10 @@ def _scripts_run() -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-def _run_once(db: str, scenario: str, path: str, seconds: float, warmup: float):
+def _run_once(db: str, scenario: str, path: str, seconds: int, warmup: int):
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "demo_project.wsgi", "-w", "2", "-b",
+        [sys.executable, "-m", "gunicorn", "demo_project.wsgi", "-w", str(WORKERS), "-b",
          f"127.0.0.1:{port}", "--log-level", "warning"],
         cwd=common.ROOT, env=_env(db, scenario), start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -156,39 +176,18 @@ def _run_once(db: str, scenario: str, path: str, seconds: float, warmup: float):
         deadline = time.time() + 30
         while True:
             try:
-                if _get(port, path, "127.0.0.1") == 200:
+                if _get(port, path) == 200:
                     break
             except OSError:
                 pass
             if server.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"gunicorn did not start: {server.stderr.read().decode()}")
             time.sleep(0.1)
-        ctx = multiprocessing.get_context("fork")
-        results = []
-        for phase_seconds in (warmup, seconds):
-            queue = ctx.Queue()
-            procs = [ctx.Process(target=_load, args=(port, path, phase_seconds, w, queue))
-                     for w in range(LOADERS)]
-            start = time.perf_counter()
-            scripts = _scripts_run()
-            for p in procs:
-                p.start()
-            results = [queue.get() for _ in procs]
-            for p in procs:
-                p.join()
-            elapsed = time.perf_counter() - start
-            scripts = _scripts_run() - scripts
-        latencies = sorted(x for lat, _ in results for x in lat)
-        bad = sum(b for _, b in results)
-        n = len(latencies)
-        return {
-            "rps": n / elapsed,
-            "p50": latencies[n // 2] * 1000,
-            "p99": latencies[min(n - 1, int(n * 0.99))] * 1000,
-            "bad": bad,
-            "n": n,
-            "scripts/s": scripts / elapsed,
-        }
+        _wrk(port, path, warmup)  # connections, imports and caches warmed
+        scripts = _scripts_run()
+        result = _wrk(port, path, seconds)
+        result["scripts/s"] = (_scripts_run() - scripts) / seconds
+        return result
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -199,7 +198,7 @@ def _run_once(db: str, scenario: str, path: str, seconds: float, warmup: float):
 
 
 def run(quick: bool = False) -> Section:
-    rounds, seconds, warmup = (1, 2.0, 0.5) if quick else (3, 8.0, 1.0)
+    rounds, seconds, warmup = (1, 2, 1) if quick else (3, 8, 1)  # wrk takes whole seconds
     section = Section("3. End to end: the demo under gunicorn")
     common.flush(common.PEERS_DB)
     with tempfile.TemporaryDirectory(prefix="ratelimits-bench-") as tmp:
@@ -219,12 +218,13 @@ def run(quick: bool = False) -> Section:
                      f"{median([r['p99'] for r in rs]):.2f}",
                      f"{sum(r['n'] for r in rs):,}", sum(r["bad"] for r in rs)])
     section.add(
-        f"`gunicorn demo_project.wsgi -w 2` (sync workers) with `bench/e2e_settings.py`; "
-        f"{LOADERS} load processes on the same 2 cores, each one request at a time, new "
-        f"connection per request from {CLIENT_IPS:,} rotating client addresses; {seconds:g} s "
-        f"measured after {warmup:g} s of warm-up, {rounds} interleaved repetitions (a fresh "
-        "gunicorn each), medians. Latency is per request as the client sees it, connect "
-        "included. Ours: three enforced policies on every path (`gcra`, `sliding_window`, "
+        f"`gunicorn demo_project.wsgi -w {WORKERS}` (sync workers: 2 × cores + 1) with "
+        f"`bench/e2e_settings.py`; `wrk -t{WRK_THREADS} -c{CONNECTIONS}` on the same cores, "
+        "a new connection per request (gunicorn's sync workers close each), every request "
+        "naming one of 1,000 clients in X-Forwarded-For behind the trusted 127.0.0.1; "
+        f"{seconds:g} s measured after {warmup:g} s of warm-up, {rounds} interleaved "
+        "repetitions (a fresh gunicorn each), medians. Latency is wrk's, per request. "
+        "Ours: three enforced policies on every path (`gcra`, `sliding_window`, "
         "`fixed_window`, key `ip`, 10⁹ per minute), decided in one EVALSHA per request; "
         "(b1) and (b'): one `fixed_window` policy of 10⁶ per minute on key `global`, "
         "without `batch` (one EVALSHA per request) and with `batch` 100 (a lease call per "

@@ -18,6 +18,11 @@ SCENARIO = os.environ.get("BENCH_E2E_SCENARIO", "ours")
 DEBUG = False
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
+# wrk names each request's client in X-Forwarded-For (bench/wrk_clients.lua), as a load
+# balancer in front of the site would: ours reads it behind the trusted proxy, DRF's
+# throttles read the header by default.
+RATELIMITS = {**RATELIMITS, "TRUSTED_PROXIES": ["127.0.0.1"], "PROXY_HEADER": "x-forwarded-for"}
+
 if SCENARIO == "ours":
     pass  # the demo as it ships: middleware + PolicyThrottle
 elif SCENARIO in ("none", "drf"):
