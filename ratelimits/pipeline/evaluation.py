@@ -30,7 +30,7 @@ from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.report import log_unavailable, log_unexpected
-from ratelimits.pipeline.resolver import Snapshot, resolver
+from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
 from ratelimits.pipeline.state import (
     STATE_ATTR,
     RequestState,
@@ -113,7 +113,10 @@ def _evaluate(
             state.exempt = True  # the redirected request is the one charged
             return None
     method = (base.method or "GET").upper()
-    return _decide(request, state, resolver.snapshot(), method, scopes, sender, config)
+    snap = resolver.snapshot()
+    if process.clock() - process.db_checked_at >= DB_CHECK_EVERY:
+        snap = resolver.recheck(snap)
+    return _decide(request, state, snap, method, scopes, sender, config)
 
 
 def _decide(

@@ -4,6 +4,11 @@ The snapshot is an immutable value, built from the `Policy` table and swapped in
 assignment. It is rebuilt when the engine reports a policy version other than the one it
 was built at (another process saved a policy), or when this process saved one. A rebuild
 that fails keeps the last good snapshot and logs why.
+
+The version lives in the store, so an edit saved while the store was down, or on a store
+that is not shared (the in-process engine), moves no version other processes see. So each
+process also reads a fingerprint of the policy tables (one aggregate query per table) at
+most every `DB_CHECK_EVERY` seconds, and rebuilds when it differs from its snapshot's.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.engine.types import Limit
+from ratelimits.pipeline.state import process
 
 logger = logging.getLogger("ratelimits")
 
@@ -28,6 +34,27 @@ RETRY_AFTER_FAILURE = 1.0
 #: A request that notices a new version while another thread rebuilds waits this long for
 #: the new snapshot, then goes on with the last one: a slow database holds no one for long.
 WAIT_FOR_RELOAD = 0.25
+#: Each process reads the policy tables' fingerprint at most this often (seconds).
+DB_CHECK_EVERY = 5.0
+
+Fingerprint = tuple[tuple[int, Any], ...]
+
+
+def table_fingerprint() -> Fingerprint:
+    """Per table a snapshot is built from: its row count and its latest `updated` (one
+    query). Any save moves the latter, a delete the former; an `update()` that skips
+    `updated` moves neither, as it sends no signal either."""
+    from django.db.models import Count, Max
+
+    from ratelimits.models import Policy
+
+    row = Policy.objects.aggregate(n=Count("pk"), latest=Max("updated"))
+    return ((row["n"], row["latest"]),)
+
+
+def _fingerprint_of(rows: list[Any]) -> Fingerprint:
+    """`table_fingerprint()` of the rows a snapshot was built from (every row, off too)."""
+    return ((len(rows), max((r.updated for r in rows), default=None)),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +110,7 @@ class Snapshot:
 
     version: int | None
     policies: tuple[CompiledPolicy, ...] = ()
+    fingerprint: Fingerprint | None = None  # of the tables when it was read
 
     def matching(
         self, path: str, method: str, scopes: frozenset[str], exclude: frozenset[int] | set[int]
@@ -127,13 +155,17 @@ def load_snapshot(version: int | None) -> Snapshot:
     """Read the enabled policies from the database and compile them."""
     from ratelimits.models import Mode, Policy
 
+    rows = list(Policy.objects.all())  # the off ones too: they count in the fingerprint
     compiled = []
-    for policy in Policy.objects.exclude(mode=Mode.OFF):
+    for policy in rows:
+        if policy.mode == Mode.OFF:
+            continue
         try:
             compiled.append(compile_policy(policy))
         except (ValueError, TypeError) as exc:
             logger.error("ratelimits: policy %r is invalid and is skipped: %s", policy.name, exc)
-    return Snapshot(version=version, policies=tuple(sorted(compiled, key=_order)))
+    return Snapshot(version=version, policies=tuple(sorted(compiled, key=_order)),
+                    fingerprint=_fingerprint_of(rows))
 
 
 class Resolver:
@@ -164,6 +196,30 @@ class Resolver:
         new = self._rebuild(version, wait=False)
         return new if new is not snap and new.version == version else None
 
+    def recheck(self, snap: Snapshot) -> Snapshot:
+        """`snap`, or a new snapshot when the policy tables changed since it was read.
+        Reads them at most once per `DB_CHECK_EVERY` per process, in one thread at a time
+        (the others go on with `snap`); a failed read is logged and tried again later."""
+        lock = process.db_check_lock
+        if not lock.acquire(blocking=False):
+            return snap
+        try:
+            if process.clock() - process.db_checked_at < DB_CHECK_EVERY:
+                return snap  # read by another thread meanwhile
+            process.db_checked_at = process.clock()
+            try:
+                seen = table_fingerprint()
+            except Exception as exc:  # the database is down ...: the snapshot stays
+                logger.warning("ratelimits: could not check the policies for changes "
+                               "(%s: %s)", type(exc).__name__, exc)
+                return snap
+            if seen == snap.fingerprint:
+                return snap
+            self.invalidate(snap.version)  # the store's version did not move: keep it
+        finally:
+            lock.release()
+        return self.snapshot()
+
     def invalidate(self, version: int | None) -> None:
         """This process changed policies: rebuild before the next request."""
         self._stale_version = version
@@ -191,6 +247,7 @@ class Resolver:
             try:
                 self._stale = False
                 new = load_snapshot(version)
+                process.db_checked_at = process.clock()  # the tables were just read
             except Exception as exc:  # the database is down, a migration is missing ...
                 self._retry_at = time.monotonic() + RETRY_AFTER_FAILURE
                 logger.error(

@@ -7,7 +7,8 @@ once and passes it on.
 Process-wide, the request path keeps: the validated settings (`conf`), the engines and
 their circuit breaker (`store`), the compiled policy snapshot (`resolver`), the metrics
 recorder decision, the engine's key cache, the last "store unavailable" log time, when
-the policy version was last learnt, the concurrency watchdog and the waiting room.
+the policy version was last learnt and the policy tables last looked at, the concurrency
+watchdog and the waiting room.
 `reset_state()` forgets all of them at once; tests call it between cases, and settings
 changes call the relevant parts.
 """
@@ -66,6 +67,11 @@ class ProcessState:
     version_at: float = -float("inf")
     #: Held by the one thread that reads the version; the others go on meanwhile.
     version_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: `clock()` when the policy tables were last looked at (a snapshot loaded, or their
+    #: fingerprint read): resolver.DB_CHECK_EVERY after it, a request reads it again.
+    db_checked_at: float = -float("inf")
+    #: Held by the one thread that reads the fingerprint.
+    db_check_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 process = ProcessState()
@@ -90,3 +96,4 @@ def reset_state() -> None:
     keys._base_key.cache_clear()
     process.last_unavailable_log = 0.0
     process.version_at = -float("inf")
+    process.db_checked_at = -float("inf")

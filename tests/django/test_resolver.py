@@ -152,3 +152,81 @@ def test_order_is_priority_then_specificity(make_policy):
     make_policy(name="urgent", path="*", priority=10)
     names = [p.name for p in resolver.snapshot().policies]
     assert names == ["urgent", "login", "all"]
+
+
+# -- the database check: edits that moved no version --------------------------------------
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The request path's clock (ProcessState.clock), moved by the test."""
+    from ratelimits.pipeline.state import process
+
+    now = [1000.0]
+    monkeypatch.setattr(process, "clock", lambda: now[0])
+    return now
+
+
+def applied(response) -> str:
+    return response.headers.get("RateLimit-Policy", "")
+
+
+def test_an_edit_that_moved_no_version_reaches_the_process_after_db_check_every(
+    client, make_policy, clock, any_store, django_assert_num_queries
+):
+    """Another process saved while the store was down, or on a store that is not shared:
+    no version moved, and the policy table itself tells, read at most every few seconds."""
+    from django.utils import timezone
+
+    from ratelimits.pipeline.resolver import DB_CHECK_EVERY
+
+    make_policy(name="a", limit=100, path="/hello/")
+    assert applied(client.get("/hello/")) == '"a";q=100;w=3600'
+    Policy.objects.filter(name="a").update(limit=1, updated=timezone.now())  # no signal
+    clock[0] += DB_CHECK_EVERY - 0.1
+    with django_assert_num_queries(0):  # not yet: no query on the request path
+        assert applied(client.get("/hello/")) == '"a";q=100;w=3600'
+    clock[0] += 0.1
+    with django_assert_num_queries(2):  # the fingerprint, then the policies
+        assert applied(client.get("/hello/")) == '"a";q=1;w=3600'
+    with django_assert_num_queries(0):  # read again only DB_CHECK_EVERY later
+        for _ in range(3):
+            assert applied(client.get("/hello/")) == '"a";q=1;w=3600'
+    # a policy deleted without a signal is gone after the next check too
+    Policy.objects.filter(name="a").delete()
+    clock[0] += DB_CHECK_EVERY
+    assert applied(client.get("/hello/")) == ""
+
+
+def test_an_unchanged_table_costs_one_query_per_check_and_no_reload(
+    client, make_policy, clock, django_assert_num_queries
+):
+    from ratelimits.pipeline.resolver import DB_CHECK_EVERY
+
+    make_policy(name="a", limit=100, path="/hello/")
+    client.get("/hello/")
+    snap = resolver.snapshot()
+    for _ in range(3):
+        clock[0] += DB_CHECK_EVERY
+        with django_assert_num_queries(1):
+            client.get("/hello/")
+        assert resolver.snapshot() is snap
+
+
+def test_a_failed_check_keeps_the_snapshot_and_says_why(client, make_policy, clock, caplog):
+    import logging
+
+    from ratelimits.pipeline.resolver import DB_CHECK_EVERY
+    from tests.django.test_promises_reload import rename_policy_table
+
+    make_policy(name="a", limit=2, path="/hello/")
+    assert client.get("/hello/").status_code == 200
+    rename_policy_table("ratelimits_policy_away")
+    try:
+        clock[0] += DB_CHECK_EVERY
+        with caplog.at_level(logging.WARNING, "ratelimits"):
+            assert client.get("/hello/").status_code == 200
+            assert client.get("/hello/").status_code == 429  # "a" still applies
+    finally:
+        rename_policy_table("ratelimits_policy", back="ratelimits_policy_away")
+    assert "could not check the policies for changes (OperationalError" in caplog.text
