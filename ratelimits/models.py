@@ -230,6 +230,14 @@ class Policy(models.Model):
                 "A per-process policy never calls the store, so it has no batch to lease; "
                 "clear batch or count shared.",
             )
+        self._check_rate(add)
+        if errors:
+            raise ValidationError(errors)
+
+
+    def _check_rate(self, add: Any) -> None:
+        """The algorithm's own rules (burst, capacity, batch), as the engine's `Limit`
+        checks them: one message per mistake, on the field to change."""
         spec = REGISTRY.get(self.algorithm)
         if self.burst is not None and spec is not None and not spec.has_burst:
             choices = [REGISTRY[name].label for name in BURST_ALGORITHMS]
@@ -238,7 +246,12 @@ class Policy(models.Model):
                 f"{spec.label} has no burst; clear it or choose "
                 f"{', '.join(choices[:-1])} or {choices[-1]}.",
             )
-        elif None not in (self.limit, self.period, self.cost):
+        elif self.burst == 0:
+            add("burst", "Burst must be at least 1 (how many requests may come at once); "
+                "leave it empty for the limit.")
+        elif spec is not None and None not in (self.limit, self.period, self.cost) and min(
+            self.limit, self.period, self.cost
+        ) >= 1:  # an unknown algorithm, a value below 1: their field's validator said so
             try:
                 self.as_limit("")
             except ValueError as exc:
@@ -248,8 +261,6 @@ class Policy(models.Model):
                     NON_FIELD_ERRORS,
                 )
                 add(field, message[0].upper() + message[1:] + ".")
-        if errors:
-            raise ValidationError(errors)
 
     # -- engine view ----------------------------------------------------------------------
 

@@ -45,6 +45,14 @@ def browser_page(monkeypatch):
             browser.close()
 
 
+def log_in(page, base: str) -> None:
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base}/admin/")
+
+
 @pytest.fixture
 def shots(tmp_path) -> Path:
     target = os.environ.get("RATELIMITS_SCREENSHOTS")
@@ -60,11 +68,7 @@ def test_observe_in_shadow_then_enforce_from_the_admin(
     django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
     page, base = browser_page, live_server.url
 
-    page.goto(f"{base}/admin/login/?next=/admin/")
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "pw")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{base}/admin/")
+    log_in(page, base)
 
     # a new policy: shadow is the default mode, nothing is refused yet
     page.goto(f"{base}/admin/ratelimits/policy/add/")
@@ -83,9 +87,10 @@ def test_observe_in_shadow_then_enforce_from_the_admin(
 
     page.goto(f"{base}/admin/ratelimits/policy/")
     row = page.locator("#result_list tbody tr", has_text="hello-shadow")
-    assert row.locator("td.field-hour_admitted").inner_text() == "3"
-    assert row.locator("td.field-hour_would_reject").inner_text() == "4"
-    assert row.locator("td.field-hour_share").inner_text() == "57.1%"
+    hour = row.locator("td.field-last_hour")
+    assert hour.locator(".rl-admitted").inner_text() == "3"
+    assert hour.locator(".rl-would-reject").inner_text() == "4"
+    assert hour.locator(".rl-share").inner_text() == "57.1%"
     page.locator("#content").screenshot(path=str(shots / "policy-list.png"))
 
     row.locator("th a").click()
@@ -109,3 +114,32 @@ def test_observe_in_shadow_then_enforce_from_the_admin(
     page.goto(f"{base}/admin/ratelimits/policy/dashboard/")
     assert page.locator("svg.rl-spark").count() == 1
     page.locator("#content").screenshot(path=str(shots / "dashboard.png"))
+
+
+@pytest.mark.slow
+def test_the_policy_list_fits_a_laptop_screen_beside_the_navigation(
+    live_server, browser_page, django_user_model, make_policy
+):
+    """At 1300 px, with the admin's navigation open and the filters beside it, every
+    column of the list is on screen: no scrolling sideways to reach the figures."""
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    make_policy(name="login-attempts-per-key", algorithm="token_bucket", limit=1000,
+                period=600, burst=200, key="header:X-Api-Key",
+                path="/api/v1/accounts/*/login/", methods="POST,PUT", scope="logins")
+    make_policy(name="everyone", mode="shadow", algorithm="sliding_window", limit=100000,
+                period=60, key="global", path="/api/**")
+    page, base = browser_page, live_server.url
+    page.set_viewport_size({"width": 1300, "height": 800})
+    log_in(page, base)
+    page.goto(f"{base}/admin/ratelimits/policy/")
+    assert page.locator("#nav-sidebar").is_visible()
+    box = page.evaluate("""() => {
+        const table = document.querySelector('#result_list');
+        const wrapper = table.parentElement;
+        const last = table.querySelector('thead th:last-child').getBoundingClientRect();
+        return {scroll: wrapper.scrollWidth, client: wrapper.clientWidth,
+                last: last.right, edge: wrapper.getBoundingClientRect().right};
+    }""")
+    assert box["scroll"] <= box["client"], box
+    assert box["last"] <= box["edge"] + 0.5, box
+    assert page.locator("th", has_text="last hour").is_visible()

@@ -60,14 +60,34 @@ def test_a_valid_policy_passes_and_defaults_to_shadow():
         ({"batch": 1, "cost": 2}, "batch", "from the cost (2)"),
         ({"batch": 2, "counting": "per_process"}, "batch", "clear batch or count shared"),
         ({"counting": "everywhere"}, "counting", "not a valid choice"),
+        ({"algorithm": "gcra", "burst": 0}, "burst", "at least 1"),
     ],
 )
 def test_each_invalid_combination_is_refused_on_its_field(changes, field, says):
     errors = errors_for(**changes)
     assert field in errors, errors
-    message = " ".join(errors[field])
+    assert len(errors[field]) == 1, errors  # one message per mistake
+    message = errors[field][0]
     assert says in message
     assert len(message) > 10  # a message a person can act on, not a bare code
+
+
+ADMIN_FORM = {"name": "x", "mode": "shadow", "algorithm": "fixed_window", "limit": 5,
+              "period": 60, "burst": "", "cost": 1, "key": "ip", "path": "*", "methods": "",
+              "scope": "", "on_error": "allow", "counting": "shared", "priority": 0}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"limit": 0}, {"limit": -1}, {"period": 0}, {"cost": 0}, {"batch": 0},
+     {"algorithm": "gcra", "burst": 0}],
+)
+def test_the_admin_form_says_one_thing_per_mistake(admin_client, changes):
+    (field,) = set(changes) - {"algorithm"}
+    response = admin_client.post("/admin/ratelimits/policy/add/", {**ADMIN_FORM, **changes})
+    errors = response.context["adminform"].form.errors
+    assert set(errors) == {field}
+    assert errors[field] == ["Ensure this value is greater than or equal to 1."]
 
 
 def test_batch_reaches_the_limit_of_a_shared_policy_only():
