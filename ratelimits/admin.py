@@ -30,7 +30,14 @@ logger = logging.getLogger("ratelimits")
 #: Figures of the pages when the store cannot be read: shown as unknown, never an error.
 UNKNOWN = "?"
 #: Fields whose form must refuse 0 itself (the model's own check would then repeat it).
-_AT_LEAST_ONE = frozenset({"limit", "period", "cost", "burst", "batch"})
+_AT_LEAST_ONE = frozenset({"limit", "period", "cost", "burst", "batch", "rollout"})
+#: The percentages "Raise the rollout" steps through.
+ROLLOUT_STEPS = (1, 5, 25, 50, 100)
+
+
+def next_rollout(current: int) -> int:
+    """The next step above `current` (100 stays 100)."""
+    return next((step for step in ROLLOUT_STEPS if step > current), 100)
 
 
 def _read(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -63,14 +70,14 @@ else:
 @admin.register(Policy)
 class PolicyAdmin(_ModelAdmin):
     # five columns: readable beside the admin's navigation and filters on a laptop
-    list_display = ("name", "mode", "rate", "matches", "last_hour")
+    list_display = ("name", "enforced", "rate", "matches", "last_hour")
     list_filter = ("mode", "algorithm", "on_error")
     search_fields = ("name", "description", "key", "path", "scope")
     ordering = ("-priority", "name")
     readonly_fields = ("created", "updated")
-    actions = ("switch_to_shadow", "switch_to_enforce", "turn_off")
+    actions = ("switch_to_shadow", "switch_to_enforce", "raise_rollout", "turn_off")
     fieldsets = (
-        (None, {"fields": ("name", "description", "mode", "priority")}),
+        (None, {"fields": ("name", "description", "mode", "rollout", "priority")}),
         ("Rate", {"fields": ("algorithm", "limit", "period", "burst", "cost")}),
         ("Counting", {"fields": ("counting", "batch")}),
         ("Which requests", {"fields": ("key", "path", "methods", "scope")}),
@@ -195,6 +202,14 @@ class PolicyAdmin(_ModelAdmin):
             parts.append(f"{label} from {_shown(old)} to {_shown(new)}")
         return "Changed " + "; ".join(parts) + "."
 
+    @admin.display(description="mode", ordering="mode")
+    def enforced(self, obj: Policy) -> str:
+        """The mode, and for an enforced policy rolled out to some clients their share."""
+        mode = obj.get_mode_display()
+        if obj.rollout < 100 and obj.mode != Mode.OFF:
+            return f"{mode}, {obj.rollout}% of clients"
+        return mode
+
     @admin.display(description="rate", ordering="algorithm")
     def rate(self, obj: Policy) -> str:
         """The algorithm and the rate: "token bucket: 100 per minute, burst 20"."""
@@ -228,6 +243,24 @@ class PolicyAdmin(_ModelAdmin):
     @admin.action(description="Switch to enforce", permissions=["change"])
     def switch_to_enforce(self, request: Any, queryset: Any) -> None:
         self._switch(request, queryset, Mode.ENFORCE)
+
+    @admin.action(description="Raise the rollout a step (1, 5, 25, 50, 100%%)",
+                  permissions=["change"])
+    def raise_rollout(self, request: Any, queryset: Any) -> None:
+        changed = [p for p in queryset if p.rollout < 100]
+        if not changed:
+            self.message_user(request, "Every selected policy is already rolled out to "
+                              "every client.")
+            return
+        for policy in changed:
+            old, policy.rollout = policy.rollout, next_rollout(policy.rollout)
+            Policy.objects.filter(pk=policy.pk).update(rollout=policy.rollout,
+                                                       updated=timezone.now())
+            self.log_change(request, policy,
+                            f"Changed rollout from {old}% to {policy.rollout}%.")
+        schedule_policies_changed()  # update() sends no post_save: published once
+        shown = ", ".join(f"{p.name} ({p.rollout}%)" for p in changed)
+        self.message_user(request, f"Rollout raised: {shown}.", messages.SUCCESS)
 
     @admin.action(description="Turn off", permissions=["change"])
     def turn_off(self, request: Any, queryset: Any) -> None:

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from ratelimits.engine.registry import BURST_ALGORITHMS, REGISTRY
@@ -96,6 +96,12 @@ class Policy(models.Model):
         choices=Mode.choices,
         default=Mode.SHADOW,
         help_text="Shadow only logs what it would reject; start there, then enforce.",
+    )
+    rollout = models.PositiveSmallIntegerField(
+        default=100,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Percent of clients an enforced policy is enforced for (1-100); the others "
+        "are counted as in shadow. The same clients stay in as it rises.",
     )
     algorithm = models.CharField(max_length=20, choices=ALGORITHM_CHOICES, default="sliding_window")
     limit = models.PositiveIntegerField(

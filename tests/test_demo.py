@@ -54,6 +54,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
     assert first.returncode == 0, first.stderr
     assert "created enforce  hello-per-ip" in first.stdout
     assert "created shadow   search-shadow" in first.stdout
+    assert "created enforce  search-rollout" in first.stdout
     again = run(["manage.py", "seed_policies"], demo_env)
     assert again.returncode == 0, again.stderr
     assert "updated" in again.stdout and "created" not in again.stdout
@@ -66,7 +67,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
         ],
         demo_env,
     )
-    assert count.stdout.strip().splitlines()[-1] == "3"
+    assert count.stdout.strip().splitlines()[-1] == "4"
 
 
 def test_demo_admin_prints_a_working_login(demo_env):

@@ -1,4 +1,5 @@
-"""The example policies the demo starts with: one enforced, one in shadow, one DRF scope."""
+"""The example policies the demo starts with: one enforced, one in shadow, one DRF scope,
+one rolled out to a quarter of the clients."""
 
 EXAMPLE_POLICIES = [
     {
@@ -32,5 +33,17 @@ EXAMPLE_POLICIES = [
         "key": "user_or_ip",
         "path": "*",
         "scope": "items",
+    },
+    {
+        "name": "search-rollout",
+        "description": "Enforced for 25% of client IPs (the others counted as in shadow): "
+        "10 searches a minute. Raise it from the list's action.",
+        "mode": "enforce",
+        "rollout": 25,
+        "algorithm": "fixed_window",
+        "limit": 10,
+        "period": 60,
+        "key": "ip",
+        "path": "/search/",
     },
 ]

@@ -14,6 +14,7 @@ most every `DB_CHECK_EVERY` seconds, and rebuilds when it differs from its snaps
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -57,6 +58,14 @@ def _fingerprint_of(rows: list[Any]) -> Fingerprint:
     return ((len(rows), max((r.updated for r in rows), default=None)),)
 
 
+def in_rollout(name: str, identity: str, rollout: int) -> bool:
+    """Whether a policy rolled out to `rollout` percent of clients is enforced for this
+    one: a stable draw from the policy's name and the client (the same in every process
+    and on every machine, and a client in at 5% stays in at 25%)."""
+    raw = name.encode("utf-8", "surrogatepass") + b"\0" + identity.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % 100 < rollout
+
+
 @dataclass(frozen=True, slots=True)
 class CompiledPolicy:
     """One enabled policy with its key, pattern and engine limit parsed once."""
@@ -73,6 +82,7 @@ class CompiledPolicy:
     priority: int
     template: Limit  # the engine limit with an empty client key
     counting: str = "shared"  # "per_process": decided in this process alone
+    rollout: int = 100  # percent of clients an enforced policy is enforced for
 
     @property
     def shadow(self) -> bool:
@@ -91,7 +101,8 @@ class CompiledPolicy:
         )
 
     def limit_for(self, identity: str) -> Limit:
-        """The engine limit for one client: the template with its key set.
+        """The engine limit for one client: the template with its key set, in shadow when
+        the policy's rollout leaves this client out.
 
         The template was validated when the policy was compiled and only the key
         differs, so the copy skips `Limit.__post_init__` (it runs per policy per request).
@@ -101,6 +112,10 @@ class CompiledPolicy:
         template = self.template
         for name in _TEMPLATE_FIELDS:
             _set(limit, name, getattr(template, name))
+        if self.rollout < 100 and not template.shadow and not in_rollout(
+            self.name, identity, self.rollout
+        ):
+            _set(limit, "shadow", True)  # not yet enforced for this client: counted as shadow
         return limit
 
 
@@ -139,6 +154,7 @@ def compile_policy(policy: Any) -> CompiledPolicy:
         priority=policy.priority,
         template=policy.as_limit(""),
         counting=policy.counting,
+        rollout=policy.rollout,
     )
 
 

@@ -1,0 +1,121 @@
+"""Gradual rollout: an enforced policy enforced for a stable share of its clients, the
+others counted as in shadow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratelimits.models import Policy
+from ratelimits.ops import observe
+from ratelimits.pipeline.resolver import compile_policy, in_rollout
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parents[2]
+URL = "/admin/ratelimits/policy/"
+
+
+def compiled(**fields):
+    values = {"name": "api", "mode": "enforce", "algorithm": "fixed_window", "limit": 10,
+              "period": 60, "key": "user", "path": "*", "pk": 1, **fields}
+    return compile_policy(Policy(**values))
+
+
+@pytest.mark.parametrize("rollout", [1, 5, 25, 50, 90])
+def test_the_enforced_share_is_the_rollout_within_three_points(rollout):
+    policy = compiled(rollout=rollout)
+    enforced = sum(not policy.limit_for(f"user:{i}").shadow for i in range(10_000))
+    assert abs(enforced / 100 - rollout) <= 3, enforced
+
+
+def test_a_client_keeps_its_draw_and_stays_in_as_the_rollout_rises():
+    clients = [f"ip:203.0.113.{i}" for i in range(200)] + [f"user:{i}" for i in range(800)]
+    previous: set[str] = set()
+    for rollout in (1, 5, 25, 50, 100):
+        policy = compiled(rollout=rollout)
+        now_in = {c for c in clients if not policy.limit_for(c).shadow}
+        assert now_in == {c for c in clients if not policy.limit_for(c).shadow}  # stable
+        assert previous <= now_in  # nobody enforced at 5% is let go at 25%
+        previous = now_in
+    assert previous == set(clients)  # 100%: everyone
+
+
+def test_every_process_draws_the_same_clients():
+    """Another interpreter (its own hash seed) picks the very same clients."""
+    clients = [f"user:{i}" for i in range(500)]
+    here = [in_rollout("api", c, 25) for c in clients]
+    code = (
+        "import sys; from ratelimits.pipeline.resolver import in_rollout; "
+        f"print(''.join('1' if in_rollout('api', c, 25) else '0' for c in {clients!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert out.stdout.strip() == "".join("1" if x else "0" for x in here)
+    assert 0 < sum(here) < len(here)
+
+
+def test_shadow_and_off_policies_are_not_changed_by_a_rollout():
+    assert compiled(mode="shadow", rollout=100).limit_for("user:1").shadow
+    assert all(compiled(mode="shadow", rollout=5).limit_for(f"user:{i}").shadow
+               for i in range(50))
+
+
+def _ips(rollout: int) -> tuple[str, str]:
+    """A client address the policy "half" enforces, and one it leaves in shadow."""
+    inside = outside = None
+    for i in range(1, 250):
+        ip = f"198.51.100.{i}"
+        if in_rollout("half", f"ip:{ip}", rollout):
+            inside = inside or ip
+        else:
+            outside = outside or ip
+        if inside and outside:
+            return inside, outside
+    raise AssertionError("no client on each side")
+
+
+def test_requests_of_clients_outside_the_rollout_pass_and_count_as_would_reject(
+    client, make_policy, any_store
+):
+    make_policy(name="half", limit=2, path="/hello/", rollout=50)
+    inside, outside = _ips(50)
+    got_in = [client.get("/hello/", REMOTE_ADDR=inside).status_code for _ in range(4)]
+    got_out = [client.get("/hello/", REMOTE_ADDR=outside).status_code for _ in range(4)]
+    assert got_in == [200, 200, 429, 429]
+    assert got_out == [200, 200, 200, 200]
+    assert observe.last_hour(["half"])["half"] == observe.Counts(
+        admitted=4, rejected=2, would_reject=2)
+
+
+def test_the_list_shows_the_rollout_and_the_action_raises_it_in_steps(
+    admin_client, make_policy, django_capture_on_commit_callbacks
+):
+    from ratelimits.pipeline.store import get_engine
+
+    policy = make_policy(name="half", limit=2, path="/hello/", rollout=1)
+    page = admin_client.get(URL).content.decode()
+    assert "enforce, 1% of clients" in page
+    before = get_engine().bump_version()
+    seen = []
+    for _ in range(5):
+        with django_capture_on_commit_callbacks(execute=True):
+            response = admin_client.post(URL, {"action": "raise_rollout",
+                                               "_selected_action": [policy.pk]})
+        assert response.status_code == 302
+        policy.refresh_from_db()
+        seen.append(policy.rollout)
+    assert seen == [5, 25, 50, 100, 100]
+    assert get_engine().bump_version() >= before + 5  # each raise published
+    assert "1% of clients" not in admin_client.get(URL).content.decode()
+
+
+@pytest.mark.parametrize("rollout", [0, 101])
+def test_a_rollout_outside_1_to_100_is_refused_with_one_message(rollout):
+    policy = Policy(name="x", mode="enforce", algorithm="fixed_window", limit=5, period=60,
+                    key="ip", path="*", rollout=rollout)
+    with pytest.raises(Exception) as info:
+        policy.full_clean()
+    assert len(info.value.message_dict["rollout"]) == 1
