@@ -1,10 +1,13 @@
-"""`manage.py ratelimits status | reset | replay`: look at, reset and try out policies.
+"""`manage.py ratelimits status | reset | replay | export | import`: look at, reset, try
+out and move policies.
 
 manage.py ratelimits status [--json]
 manage.py ratelimits reset <policy> --key <identity>
 manage.py ratelimits replay <access-log> [--format auto|combined|json] [--top N]
                             [--policy NAME ...] [--skip-bad] [--progress] [--jobs N]
                             [--json]
+manage.py ratelimits export [--output FILE]
+manage.py ratelimits import FILE [--dry-run] [--delete-missing]
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def _compile(policy: Any) -> Any:
 
 
 class Command(BaseCommand):
-    help = "Rate-limit policies: their last hour (status), reset a client, replay a log."
+    help = ("Rate-limit policies: their last hour (status), reset a client, replay a log, "
+            "export and import them as JSON.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")
@@ -139,8 +143,66 @@ class Command(BaseCommand):
         )
         replay.add_argument("--json", action="store_true", help="Print JSON instead of text.")
 
+        export = sub.add_parser("export", help="Write every policy as JSON (for `import`).")
+        export.add_argument("--output", "-o", metavar="FILE",
+                            help="Write to FILE instead of standard output.")
+
+        load = sub.add_parser(
+            "import",
+            help="Create and update policies from a file `export` wrote: every policy "
+            "validated first, then all applied in one transaction, or none.",
+        )
+        load.add_argument("file", help="The JSON file; '-' reads standard input.")
+        load.add_argument("--dry-run", action="store_true",
+                          help="Print what would change; write nothing.")
+        load.add_argument("--delete-missing", action="store_true",
+                          help="Also delete the policies the file does not name.")
+
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"_{options['subcommand']}")(**options)
+
+    # -- export, import -------------------------------------------------------------------
+
+    def _export(self, *, output: str | None = None, **_: Any) -> None:
+        from ratelimits.ops import policy_files
+
+        content = policy_files.export_policies()
+        text = policy_files.dumps(content)
+        if output is None:
+            self.stdout.write(text, ending="")
+            return
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+        self.stderr.write(f"Wrote {len(content['policies'])} policies to {output}.")
+
+    def _import(self, *, file: str, dry_run: bool = False, delete_missing: bool = False,
+                **_: Any) -> None:
+        from ratelimits.ops import policy_files
+
+        try:
+            if file == "-":
+                text = sys.stdin.read()
+            else:
+                with open(file, encoding="utf-8") as f:
+                    text = f.read()
+        except OSError as exc:
+            raise CommandError(f"cannot read {file}: {exc.strerror}") from exc
+        try:
+            changes = policy_files.plan_import(policy_files.read(text),
+                                               delete_missing=delete_missing)
+        except policy_files.PolicyFileError as exc:
+            raise CommandError(f"{file} is refused, nothing was changed:\n{exc}") from exc
+        for change in changes:
+            self.stdout.write(change.describe())
+        done = {"create": "created", "update": "updated", "delete": "deleted",
+                "unchanged": "unchanged"}
+        summary = ", ".join(f"{n} {done[a]}" for a in done
+                            if (n := sum(c.action == a for c in changes))) or "no policies"
+        if dry_run:
+            self.stdout.write(f"Dry run, nothing written; it would leave {summary}.")
+            return
+        policy_files.apply(changes)
+        self.stdout.write(f"Imported: {summary}.")
 
     # -- status ---------------------------------------------------------------------------
 
