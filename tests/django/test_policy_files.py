@@ -136,7 +136,7 @@ def test_a_file_that_is_not_a_policy_file_is_refused_clearly(tmp_path, text, say
 
 
 def test_a_missing_file_is_named(tmp_path):
-    with pytest.raises(CommandError, match="cannot read .*nope.json"):
+    with pytest.raises(CommandError, match=r"cannot read .*nope\.json"):
         run("import", str(tmp_path / "nope.json"))
 
 
