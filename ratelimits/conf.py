@@ -349,3 +349,6 @@ def reset_config() -> None:
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "RATELIMITS":
         reset_config()
+        from ratelimits.pipeline.resolver import resolver
+
+        resolver.invalidate(None)  # compiled with the old settings (MAX_DELAY)

@@ -259,7 +259,7 @@ class Policy(models.Model):
             self.limit, self.period, self.cost
         ) >= 1:  # an unknown algorithm, a value below 1: their field's validator said so
             try:
-                self.as_limit("")
+                limit = self.as_limit("")
             except ValueError as exc:
                 message = str(exc)
                 field = next(
@@ -267,6 +267,24 @@ class Policy(models.Model):
                     NON_FIELD_ERRORS,
                 )
                 add(field, message[0].upper() + message[1:] + ".")
+            else:
+                self._check_queue(spec, limit, add)
+
+    @staticmethod
+    def _check_queue(spec: Any, limit: Limit, add: Any) -> None:
+        """A queue must drain within MAX_DELAY: a request is never held longer, so a
+        longer queue would refuse requests that it claims to admit."""
+        if not spec.delays:
+            return
+        from ratelimits.conf import get_config
+
+        max_delay = get_config()["MAX_DELAY"]
+        longest = spec.queue_within(limit, max_delay)
+        if spec.burst_of(limit) > longest:
+            wait = spec.burst_of(limit) * limit.period / limit.limit
+            add("burst", f"A queue of {spec.burst_of(limit)} at this rate holds a request "
+                f"up to {wait:g} s, longer than RATELIMITS['MAX_DELAY'] ({max_delay:g} s); "
+                f"set the queue to at most {longest}, raise the rate, or raise MAX_DELAY.")
 
     # -- engine view ----------------------------------------------------------------------
 

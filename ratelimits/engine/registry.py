@@ -8,6 +8,7 @@ set and dispatch elsewhere derives from `REGISTRY`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,11 @@ class Algorithm:
         if limit.burst is not None:
             return limit.burst
         return limit.limit if self.default_burst is None else self.default_burst
+
+    def queue_within(self, limit: Limit, seconds: float) -> int:
+        """The longest queue (a `delays` algorithm's burst) whose last request waits at
+        most `seconds`: each place ahead is one outflow interval, period / limit."""
+        return math.floor(seconds * limit.limit / limit.period + 1e-9)
 
     def capacity(self, limit: Limit) -> int:
         """Units one client may consume at once.

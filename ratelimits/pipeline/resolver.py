@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ratelimits.conf import get_config
+from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Limit
 from ratelimits.pipeline.state import process
 
@@ -152,10 +154,24 @@ def compile_policy(policy: Any) -> CompiledPolicy:
         scope=policy.scope,
         on_error=policy.on_error,
         priority=policy.priority,
-        template=policy.as_limit(""),
+        template=_held_at_most(policy.as_limit(""), get_config()["MAX_DELAY"]),
         counting=policy.counting,
         rollout=policy.rollout,
     )
+
+
+def _held_at_most(template: Limit, max_delay: float) -> Limit:
+    """A queueing limit whose queue would hold a request longer than `MAX_DELAY`, with the
+    queue cut to what drains within it: the request that would wait longer is refused
+    (and not charged) instead of being served early. `Policy.clean()` refuses such a
+    queue; this keeps rows saved before that rule, or before `MAX_DELAY` was lowered,
+    honest."""
+    spec = REGISTRY[template.algorithm]
+    if not spec.delays:
+        return template
+    queue = spec.queue_within(template, max_delay)
+    return dataclasses.replace(template, burst=queue) if spec.burst_of(template) > queue \
+        else template
 
 
 def _with_head(methods: frozenset[str]) -> frozenset[str]:

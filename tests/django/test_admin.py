@@ -39,6 +39,7 @@ def test_add_form_shows_validation_messages_on_the_field(admin_client):
             "scope": "",
             "on_error": "allow",
             "counting": "shared",
+            "rollout": 100,
             "priority": 0,
         },
     )

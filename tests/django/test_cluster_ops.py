@@ -310,7 +310,7 @@ def test_a_policy_saved_in_the_admin_is_seen_by_the_next_request(
         "path": "/hello/",
         "methods": "",
         "scope": "",
-        "on_error": "allow", "counting": "shared",
+        "on_error": "allow", "counting": "shared", "rollout": 100,
     }
     engine = get_engine()
     before = engine.client.get(f"{PREFIX}version")

@@ -188,14 +188,26 @@ def test_streaming_through_the_test_client_releases(client, make_policy):
         response.close()
 
 
-def test_leaky_bucket_delay_is_slept_and_capped(client, make_policy, settings, monkeypatch):
-    settings.RATELIMITS = {**settings.RATELIMITS, "MAX_DELAY": 0.5}
+def test_leaky_bucket_delay_is_slept_and_a_longer_wait_is_refused(
+    client, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A queue that would hold a request longer than MAX_DELAY refuses that request (and
+    charges nothing) instead of serving it early. The policy is saved without clean(),
+    as a row from before that rule (or before MAX_DELAY was lowered) would be."""
+    from ratelimits.models import Policy
+
+    settings.RATELIMITS = {**settings.RATELIMITS, "MAX_DELAY": 25}
     slept = []
     monkeypatch.setattr(evaluation, "sleep", slept.append)
-    make_policy(name="smooth", algorithm="leaky_bucket", limit=1, period=10, burst=3)
-    assert statuses(client, "/hello/", 3) == [200, 200, 200]
-    assert slept and max(slept) == 0.5  # a 10 s wait is cut to MAX_DELAY
-    assert all(0 < s <= 0.5 for s in slept)
+    with django_capture_on_commit_callbacks(execute=True):
+        Policy.objects.create(name="smooth", mode="enforce", algorithm="leaky_bucket",
+                              limit=1, period=10, burst=5, key="ip", path="/hello/")
+    got = [client.get("/hello/") for _ in range(5)]
+    # one request per 10 s: the queue of 5 would hold the 4th 30 s, the 5th 40 s
+    assert [r.status_code for r in got] == [200, 200, 200, 429, 429]
+    assert [round(s) for s in slept] == [10, 20]  # each held for its turn, never cut short
+    assert int(got[3]["Retry-After"]) == 10  # when a place within MAX_DELAY frees up
+    assert int(got[4]["Retry-After"]) == 10  # the refused 4th took no place: same turn
 
 
 def test_exempt_function_skips_every_policy(client, make_policy, settings):

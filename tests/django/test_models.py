@@ -61,6 +61,12 @@ def test_a_valid_policy_passes_and_defaults_to_shadow():
         ({"batch": 2, "counting": "per_process"}, "batch", "clear batch or count shared"),
         ({"counting": "everywhere"}, "counting", "not a valid choice"),
         ({"algorithm": "gcra", "burst": 0}, "burst", "at least 1"),
+        # 1 per 10 s with a queue of 3 would hold the last 30 s; MAX_DELAY is 5 s
+        ({"algorithm": "leaky_bucket", "limit": 1, "period": 10, "burst": 3}, "burst",
+         "holds a request up to 30 s, longer than RATELIMITS['MAX_DELAY'] (5 s); set the "
+         "queue to at most 0"),
+        ({"algorithm": "leaky_bucket", "limit": 5, "period": 1, "burst": 30}, "burst",
+         "set the queue to at most 25"),
     ],
 )
 def test_each_invalid_combination_is_refused_on_its_field(changes, field, says):
@@ -74,7 +80,8 @@ def test_each_invalid_combination_is_refused_on_its_field(changes, field, says):
 
 ADMIN_FORM = {"name": "x", "mode": "shadow", "algorithm": "fixed_window", "limit": 5,
               "period": 60, "burst": "", "cost": 1, "key": "ip", "path": "*", "methods": "",
-              "scope": "", "on_error": "allow", "counting": "shared", "priority": 0}
+              "scope": "", "on_error": "allow", "counting": "shared", "priority": 0,
+              "rollout": 100}
 
 
 @pytest.mark.parametrize(
@@ -169,3 +176,11 @@ def test_a_valid_name_saves_and_a_rename_is_checked_too():
 def test_a_final_newline_in_a_name_lands_on_the_field_in_forms():
     # The field's `$` regex alone lets "name\n" through; full_clean() must not.
     assert "name" in errors_for(name="login\n")
+
+
+def test_a_queue_that_drains_within_max_delay_is_accepted(settings):
+    Policy(**{**VALID, "algorithm": "leaky_bucket", "limit": 5, "period": 1,
+              "burst": 25}).full_clean()  # the last waits 5 s: exactly MAX_DELAY
+    settings.RATELIMITS = {**settings.RATELIMITS, "MAX_DELAY": 30}
+    Policy(**{**VALID, "algorithm": "leaky_bucket", "limit": 1, "period": 10,
+              "burst": 3}).full_clean()  # 30 s, now allowed
