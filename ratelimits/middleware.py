@@ -51,7 +51,21 @@ class RateLimitMiddleware:
 
     def _evaluate(self, request: Any, state: RequestState) -> Any:
         state.middleware = True
+        if evaluation.throttle_decides(request):
+            state.deferred = True  # one decision, by the view's PolicyThrottle
+            return None
         return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state)
+
+    def _after(self, request: Any, state: RequestState, response: Any) -> Any:
+        """A request left to the throttle that DRF answered before its throttles ran (a
+        failed authentication, a permission denied): its unscoped policies are decided
+        now, so such requests stay limited; over a limit, the answer is the 429."""
+        if not state.deferred or state.throttled:
+            return response
+        verdict = evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state)
+        if verdict is not None and not verdict.allowed:
+            return rejection_response(request, verdict)
+        return response
 
     def __call__(self, request: Any) -> Any:
         if self.is_async:
@@ -65,7 +79,7 @@ class RateLimitMiddleware:
             if not verdict.allowed:
                 return _finish(request, state, rejection_response(request, verdict))
         try:
-            response = self.get_response(request)
+            response = self._after(request, state, self.get_response(request))
         except BaseException:
             evaluation.release(request, state)
             raise
@@ -84,6 +98,8 @@ class RateLimitMiddleware:
                 return await sync_to_async(_finish)(request, state, response)
         try:
             response = await self.get_response(request)
+            if state.deferred and not state.throttled:
+                response = await sync_to_async(self._after)(request, state, response)
         except BaseException:
             await sync_to_async(evaluation.release)(request, state)
             raise

@@ -2,7 +2,9 @@
 
 It applies the policies whose `scope` equals the view's `throttle_scope`, and the
 unscoped ones that `RateLimitMiddleware` has not already applied to this request (all of
-them when the middleware is not installed). A policy charges a request once either way.
+them when the middleware is not installed, or when it left a scoped view's request to
+the throttle: then both kinds are decided in one call). A policy charges a request once
+either way.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class RateLimitStoreUnavailable(APIException):
 class PolicyThrottle(BaseThrottle):
     """A DRF throttle driven by the admin-managed policies."""
 
+    #: Tells RateLimitMiddleware that this throttle decides a request's policies (see
+    #: `evaluation.throttle_decides`), without the middleware importing DRF.
+    decides_policies = True
+
     def __init__(self) -> None:
         self._wait: int | None = None
 
@@ -41,6 +47,7 @@ class PolicyThrottle(BaseThrottle):
         scope = getattr(view, "throttle_scope", None) or ""
         scopes = frozenset({"", scope})
         state = state_for(request)
+        state.throttled = True
         verdict = evaluation.evaluate(request, scopes=scopes, sender=type(self), state=state)
         if verdict is None:
             return True

@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import include, path
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -30,6 +31,16 @@ class Items(APIView):
         return Response({"items": [1, 2, 3]})
 
 
+class Private(APIView):
+    """A scoped view DRF answers 403 for, before its throttles run, when anonymous."""
+
+    throttle_scope = "items"
+    permission_classes = [IsAuthenticated]
+
+    def get(self, request):
+        return Response({"secret": True})
+
+
 class Plain(APIView):
     def get(self, request):
         return Response({"ok": True})
@@ -44,5 +55,6 @@ urlpatterns = [
     path("async/", async_hello),
     path("api/items/", Items.as_view()),
     path("api/plain/", Plain.as_view()),
+    path("api/private/", Private.as_view()),
     path("ratelimits/", include("ratelimits.urls")),
 ]

@@ -29,7 +29,7 @@ from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.plan import Planned, plan
-from ratelimits.pipeline.report import log_unavailable, log_unexpected
+from ratelimits.pipeline.report import log_safe, log_unavailable, log_unexpected
 from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
 from ratelimits.pipeline.state import (
     STATE_ATTR,
@@ -272,6 +272,32 @@ def _read_version(config: Mapping[str, Any]) -> int | None:
             process.version_at = process.clock()  # failed too: try again a second later
     finally:
         lock.release()
+
+
+def throttle_decides(request: Any) -> bool:
+    """Whether this request goes to a DRF view whose `PolicyThrottle` will decide it: a
+    view with a `throttle_scope` that some policy is tied to. The middleware then leaves
+    the request to the throttle, which decides the unscoped and the scoped policies in one
+    call, after DRF has authenticated the user that `user` keys count. Cheap when no policy
+    has a scope (the URL is resolved only when one has)."""
+    snap = resolver.snapshot()
+    if not snap.scopes or not get_config()["ENABLED"]:
+        return False
+    from django.urls import Resolver404, get_resolver
+
+    base = http_request(request)
+    try:
+        view = get_resolver(getattr(base, "urlconf", None)).resolve(base.path_info).func
+    except Resolver404:
+        return False
+    except Exception:  # a broken URLconf is Django's to report, not ours to crash on
+        logger.exception("ratelimits: could not resolve %s to find its DRF view",
+                         log_safe(base.path_info))
+        return False
+    cls = getattr(view, "cls", None)  # DRF's as_view() keeps the view class there
+    if getattr(cls, "throttle_scope", None) not in snap.scopes:
+        return False
+    return any(getattr(t, "decides_policies", False) for t in getattr(cls, "throttle_classes", ()))
 
 
 _COMMON = "django.middleware.common.CommonMiddleware"

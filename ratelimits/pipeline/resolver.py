@@ -128,6 +128,11 @@ class Snapshot:
     version: int | None
     policies: tuple[CompiledPolicy, ...] = ()
     fingerprint: Fingerprint | None = None  # of the tables when it was read
+    #: The DRF scopes some policy is tied to (empty: no policy has one); derived.
+    scopes: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scopes", frozenset(p.scope for p in self.policies if p.scope))
 
     def matching(
         self, path: str, method: str, scopes: frozenset[str], exclude: frozenset[int] | set[int]

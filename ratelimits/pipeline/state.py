@@ -35,6 +35,10 @@ class RequestState:
     exempt: bool | None = None
     version_seen: bool = False
     middleware: bool = False
+    #: The middleware left this request to PolicyThrottle (one decision for the unscoped
+    #: and the view's scoped policies); `throttled`: the throttle did decide it.
+    deferred: bool = False
+    throttled: bool = False
 
 
 def http_request(request: Any) -> Any:
