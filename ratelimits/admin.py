@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from ratelimits.models import Mode, Policy, PolicyDashboard
+from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import charts, observe
 from ratelimits.receivers import schedule_policies_changed
 
@@ -67,6 +67,14 @@ else:
     _ModelAdmin = admin.ModelAdmin
 
 
+class OverrideInline(admin.TabularInline):  # type: ignore[type-arg]
+    """A policy's overrides, edited on its page."""
+
+    model = Override
+    extra = 0
+    fields = ("match", "exempt", "limit", "burst", "expires", "note")
+
+
 @admin.register(Policy)
 class PolicyAdmin(_ModelAdmin):
     # five columns: readable beside the admin's navigation and filters on a laptop
@@ -76,6 +84,7 @@ class PolicyAdmin(_ModelAdmin):
     ordering = ("-priority", "name")
     readonly_fields = ("created", "updated")
     actions = ("switch_to_shadow", "switch_to_enforce", "raise_rollout", "turn_off")
+    inlines = (OverrideInline,)
     fieldsets = (
         (None, {"fields": ("name", "description", "mode", "rollout", "priority")}),
         ("Rate", {"fields": ("algorithm", "limit", "period", "burst", "cost")}),
@@ -339,3 +348,49 @@ class PolicyDashboardAdmin(_ModelAdmin):
 
     def changelist_view(self, request: Any, extra_context: Any = None) -> Any:
         return HttpResponseRedirect(reverse("admin:ratelimits_policy_dashboard"))
+
+
+class _Expiry(admin.SimpleListFilter):
+    title = "expiry"
+    parameter_name = "expiry"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [("live", "in force"), ("expired", "expired"), ("never", "never expires")]
+
+    def queryset(self, request: Any, queryset: Any) -> Any:
+        now = timezone.now()
+        if self.value() == "live":
+            return queryset.exclude(expires__lte=now)
+        if self.value() == "expired":
+            return queryset.filter(expires__lte=now)
+        if self.value() == "never":
+            return queryset.filter(expires__isnull=True)
+        return queryset
+
+
+@admin.register(Override)
+class OverrideAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Every override, across policies: who gets what, until when, and why."""
+
+    list_display = ("match", "policy", "gives", "expiry", "note")
+    list_filter = ("policy", "exempt", _Expiry)
+    search_fields = ("match", "note", "policy__name")
+    list_select_related = ("policy",)
+    fields = ("policy", "match", "exempt", "limit", "burst", "expires", "note")
+
+    @admin.display(description="gives")
+    def gives(self, obj: Override) -> str:
+        """"exempt", or the rate this client gets: "500 per minute, burst 50"."""
+        if obj.exempt:
+            return "exempt"
+        shown = Policy(algorithm=obj.policy.algorithm, limit=obj.limit or 0,
+                       period=obj.policy.period,
+                       burst=obj.burst if obj.burst is not None else obj.policy.burst)
+        return shown.human_rate()
+
+    @admin.display(description="expires", ordering="expires")
+    def expiry(self, obj: Override) -> str:
+        if obj.expires is None:
+            return "never"
+        when = timezone.localtime(obj.expires).strftime("%Y-%m-%d %H:%M")
+        return f"{when} (expired)" if obj.expires <= timezone.now() else when

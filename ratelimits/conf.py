@@ -293,6 +293,8 @@ SETTINGS: dict[str, Setting] = {
     "MAX_WAITING_PER_CLIENT": Setting(1, _positive_int),
     # exempt(request) -> bool; True skips every policy (health checks, internal probes).
     "EXEMPT": Setting(None, _optional_dotted_path),
+    # `tier(request) -> str | None`, e.g. the user's plan: `tier:<name>` overrides apply.
+    "TIER": Setting(None, _optional_dotted_path),
     # The engine's own Redis timeouts, independent of the cache's: a limiter must answer
     # fast or step aside (policies then follow their on_error).
     "SOCKET_TIMEOUT": Setting(0.1, _timeout),

@@ -331,3 +331,88 @@ class PolicyDashboard(Policy):
         proxy = True
         verbose_name = "dashboard"
         verbose_name_plural = "dashboard"
+
+
+class Override(models.Model):
+    """A client, network, group or tier that gets another limit under one policy, or is
+    exempt from it (see `ratelimits.pipeline.overrides` for the precedence)."""
+
+    policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="overrides")
+    match = models.CharField(
+        max_length=255,
+        help_text="In the policy's key terms: user:42, ip:203.0.113.7, ip:203.0.113.0/24, "
+        "ip:2001:db8::/48, header:<value>, group:<Django group> (user keys), tier:<name>.",
+    )
+    exempt = models.BooleanField(
+        default=False, help_text="The policy does not apply to these clients at all."
+    )
+    limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Instead of the policy's limit (same period)."
+    )
+    burst = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Instead of the policy's burst (bucket algorithms)."
+    )
+    expires = models.DateTimeField(
+        null=True, blank=True, help_text="Stops applying then, without an edit; empty: never."
+    )
+    note = models.CharField(max_length=255, blank=True, help_text="Who asked, and why.")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["policy__name", "match"]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "match"], name="ratelimits_override_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy.name if self.policy_id else '?'}: {self.match}"
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+
+        def add(field: str, message: str) -> None:
+            errors.setdefault(field, []).append(message)
+
+        self.match = (self.match or "").strip()
+        policy = self.policy if self.policy_id else None
+        if policy is not None:
+            from ratelimits.conf import get_config
+            from ratelimits.pipeline.overrides import parse_match
+
+            try:
+                parse_match(policy.key, self.match, get_config()["IPV6_PREFIX"])
+            except ValueError as exc:
+                add("match", str(exc)[0].upper() + str(exc)[1:] + ".")
+        if self.exempt and (self.limit is not None or self.burst is not None):
+            add("exempt", "An exempt client has no limit: clear limit and burst, or "
+                "untick exempt.")
+        elif not self.exempt and self.limit is None:
+            add("limit", "Give the limit these clients get, or tick exempt.")
+        elif policy is not None and not self.exempt and self.limit is not None:
+            self._check_limit(policy, add)
+        if errors:
+            raise ValidationError(errors)
+
+    def _check_limit(self, policy: Policy, add: Any) -> None:
+        """The policy's rules, on the policy with this override's limit and burst."""
+        if self.limit == 0:
+            return  # the field says so
+        spec = REGISTRY.get(policy.algorithm)
+        if self.burst is not None and spec is not None and not spec.has_burst:
+            add("burst", f"{spec.label} has no burst; clear it.")
+            return
+        try:
+            self.as_limit(policy, "")
+        except ValueError as exc:
+            field = "burst" if str(exc).startswith("burst") else "limit"
+            add(field, str(exc)[0].upper() + str(exc)[1:] + ".")
+
+    def as_limit(self, policy: Policy, key: str) -> Limit:
+        """The engine limit this override gives one client of `policy`."""
+        base = policy.as_limit(key)
+        burst = self.burst if self.burst is not None else policy.burst
+        return Limit(key=base.key, algorithm=base.algorithm, limit=self.limit or base.limit,
+                     period=base.period, burst=burst, cost=base.cost, shadow=base.shadow,
+                     name=base.name, batch=None if base.batch is None else
+                     min(base.batch, self.limit or base.limit))

@@ -1,4 +1,5 @@
-"""Signal receivers: policy changes reach every process; throttle-held slots get freed."""
+"""Signal receivers: policy, override and group-member changes reach every process;
+throttle-held slots get freed."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 
 from django.core.signals import request_finished, request_started
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
-from ratelimits.models import Policy
+from ratelimits.models import Override, Policy
 
 logger = logging.getLogger("ratelimits")
 
@@ -44,8 +45,24 @@ def schedule_policies_changed(using: str | None = None) -> None:
 
 @receiver(post_save, sender=Policy, dispatch_uid="ratelimits.policy_saved")
 @receiver(post_delete, sender=Policy, dispatch_uid="ratelimits.policy_deleted")
+@receiver(post_save, sender=Override, dispatch_uid="ratelimits.override_saved")
+@receiver(post_delete, sender=Override, dispatch_uid="ratelimits.override_deleted")
 def _policy_changed(sender: Any, using: str | None = None, **kwargs: Any) -> None:
     schedule_policies_changed(using)
+
+
+@receiver(m2m_changed, dispatch_uid="ratelimits.group_members_changed")
+def _members_changed(sender: Any, using: str | None = None, **kwargs: Any) -> None:
+    """Group overrides follow their groups' members: a user added to or removed from a
+    group changes what the snapshot holds (only when some override names a group)."""
+    from django.contrib.auth import get_user_model
+
+    if not str(kwargs.get("action", "")).startswith("post_"):
+        return
+    if sender is get_user_model().groups.through and Override.objects.filter(
+        match__startswith="group:"
+    ).exists():
+        schedule_policies_changed(using)
 
 
 # Without the middleware, nothing sees the end of a DRF response; the request_finished

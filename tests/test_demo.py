@@ -55,6 +55,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
     assert "created enforce  hello-per-ip" in first.stdout
     assert "created shadow   search-shadow" in first.stdout
     assert "created enforce  search-rollout" in first.stdout
+    assert "created override hello-per-ip ip:10.0.0.0/8" in first.stdout
     again = run(["manage.py", "seed_policies"], demo_env)
     assert again.returncode == 0, again.stderr
     assert "updated" in again.stdout and "created" not in again.stdout

@@ -47,3 +47,11 @@ EXAMPLE_POLICIES = [
         "path": "/search/",
     },
 ]
+
+#: Overrides of the example policies: (policy name, fields).
+EXAMPLE_OVERRIDES = [
+    ("hello-per-ip", {"match": "ip:10.0.0.0/8", "exempt": True,
+                      "note": "The office network is not limited."}),
+    ("hello-per-ip", {"match": "ip:192.0.2.10", "limit": 50,
+                      "note": "A partner's gateway: ten times the quota."}),
+]

@@ -141,7 +141,7 @@ def _decide(
             return None
         return _decide(request, state, newer, method, scopes, sender, config, second_pass=True)
 
-    planned, failed = plan(request, policies, config)
+    planned, failed = plan(request, policies, config, state, snap.members)
     state.charged.update(p.id for p in policies)
     own = [p for p in planned if p.policy.counting == PER_PROCESS]
     if own:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.engine.types import Limit
 from ratelimits.pipeline.report import log_identity_error
+
+logger = logging.getLogger("ratelimits")
+_NO_MEMBERS: Mapping[str, frozenset[str]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,12 +25,18 @@ class Planned:
 
 
 def plan(
-    request: Any, policies: Sequence[Any], config: Mapping[str, Any]
+    request: Any,
+    policies: Sequence[Any],
+    config: Mapping[str, Any],
+    state: Any = None,
+    members: Mapping[str, frozenset[str]] = _NO_MEMBERS,
 ) -> tuple[list[Planned], list[Any]]:
     """The planned policies, and those whose key function raised (`failed`).
 
-    A policy whose key finds no client (a `user` key on an anonymous request) is in
-    neither: it does not apply.
+    A policy whose key finds no client (a `user` key on an anonymous request), or whose
+    override exempts this client, is in neither: it does not apply. An override's limit
+    replaces the policy's for this client (see `pipeline.overrides`); `members` are the
+    snapshot's group memberships, the tier is asked once per request (`state`).
     """
     from ratelimits.pipeline.identity import IdentityError
 
@@ -33,6 +44,7 @@ def plan(
     failed: list[Any] = []
     trusted, prefix = config["TRUSTED_PROXIES"], config["IPV6_PREFIX"]
     seen: dict[Any, str | None] = {}  # policies sharing a key identify the client once
+    now = 0.0  # read once, by the first policy with overrides
     for policy in policies:
         spec = policy.key_spec
         try:
@@ -49,6 +61,36 @@ def plan(
             log_identity_error(request, policy, exc)
             failed.append(policy)
             continue
-        if identity is not None:
-            planned.append(Planned(policy, identity, policy.limit_for(identity)))
+        if identity is None:
+            continue
+        rule = None
+        if policy.overrides is not None:
+            now = now or time.time()
+            rule = policy.overrides.find(
+                identity, now,
+                lambda i=identity: members.get(i[5:], ()) if i.startswith("user:") else (),
+                lambda: tier_of(request, state, config),
+            )
+            if rule is not None and rule.exempt:
+                continue  # this client is exempt from this policy
+        planned.append(Planned(policy, identity, policy.limit_for(identity, rule)))
     return planned, failed
+
+
+def tier_of(request: Any, state: Any, config: Mapping[str, Any]) -> str | None:
+    """The request's tier from `RATELIMITS["TIER"]`, asked at most once per request; a
+    function that fails is logged and the request has no tier."""
+    if state is not None and state.tier_known:
+        return state.tier  # type: ignore[no-any-return]
+    tier = None
+    if config["TIER"]:
+        from django.utils.module_loading import import_string
+
+        try:
+            found = import_string(config["TIER"])(getattr(request, "_request", request))
+            tier = None if found is None else str(found)
+        except Exception:
+            logger.exception("ratelimits: the TIER function failed; no tier for this request")
+    if state is not None:
+        state.tier, state.tier_known = tier, True
+    return tier

@@ -18,17 +18,21 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits.conf import get_config
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Limit
+from ratelimits.pipeline.overrides import OverrideTable, Rule, parse_match
 from ratelimits.pipeline.state import process
 
 logger = logging.getLogger("ratelimits")
 
 _TEMPLATE_FIELDS = tuple(f.name for f in dataclasses.fields(Limit) if f.name != "key")
+#: What an override's limit changes in a client's limit.
+_OVERRIDDEN = ("limit", "burst", "batch")
 _new_limit = object.__new__
 _set = object.__setattr__
 
@@ -44,20 +48,26 @@ Fingerprint = tuple[tuple[int, Any], ...]
 
 
 def table_fingerprint() -> Fingerprint:
-    """Per table a snapshot is built from: its row count and its latest `updated` (one
-    query). Any save moves the latter, a delete the former; an `update()` that skips
-    `updated` moves neither, as it sends no signal either."""
-    from django.db.models import Count, Max
+    """Per table a snapshot is built from (policies, overrides): its row count and its
+    latest `updated`, in one query. Any save moves the latter, a delete the former; an
+    `update()` that skips `updated` moves neither, as it sends no signal either."""
+    from django.db.models import Count, Max, Subquery, Value
 
-    from ratelimits.models import Policy
+    from ratelimits.models import Override, Policy
 
-    row = Policy.objects.aggregate(n=Count("pk"), latest=Max("updated"))
-    return ((row["n"], row["latest"]),)
+    def whole(aggregate: Any) -> Any:  # the override table's figure, as a scalar subquery
+        rows = Override.objects.order_by().annotate(all=Value(1)).values("all")
+        return Max(Subquery(rows.annotate(x=aggregate).values("x")))
+
+    row = Policy.objects.aggregate(n=Count("pk"), latest=Max("updated"),
+                                   on=whole(Count("pk")), olatest=whole(Max("updated")))
+    # no policy, no override (they go with their policy): the subqueries then give None
+    return ((row["n"], row["latest"]), (row["on"] or 0, row["olatest"]))
 
 
-def _fingerprint_of(rows: list[Any]) -> Fingerprint:
+def _fingerprint_of(*tables: list[Any]) -> Fingerprint:
     """`table_fingerprint()` of the rows a snapshot was built from (every row, off too)."""
-    return ((len(rows), max((r.updated for r in rows), default=None)),)
+    return tuple((len(rows), max((r.updated for r in rows), default=None)) for rows in tables)
 
 
 def in_rollout(name: str, identity: str, rollout: int) -> bool:
@@ -85,6 +95,7 @@ class CompiledPolicy:
     template: Limit  # the engine limit with an empty client key
     counting: str = "shared"  # "per_process": decided in this process alone
     rollout: int = 100  # percent of clients an enforced policy is enforced for
+    overrides: OverrideTable | None = None  # None: the policy has none
 
     @property
     def shadow(self) -> bool:
@@ -102,9 +113,10 @@ class CompiledPolicy:
             and self.pattern.matches(path)
         )
 
-    def limit_for(self, identity: str) -> Limit:
-        """The engine limit for one client: the template with its key set, in shadow when
-        the policy's rollout leaves this client out.
+    def limit_for(self, identity: str, rule: Rule | None = None) -> Limit:
+        """The engine limit for one client: the template with its key set, with the limit
+        and burst of the override `rule` that applies to it, in shadow when the policy's
+        rollout leaves this client out.
 
         The template was validated when the policy was compiled and only the key
         differs, so the copy skips `Limit.__post_init__` (it runs per policy per request).
@@ -114,6 +126,9 @@ class CompiledPolicy:
         template = self.template
         for name in _TEMPLATE_FIELDS:
             _set(limit, name, getattr(template, name))
+        if rule is not None and rule.template is not None:
+            for name in _OVERRIDDEN:
+                _set(limit, name, getattr(rule.template, name))
         if self.rollout < 100 and not template.shadow and not in_rollout(
             self.name, identity, self.rollout
         ):
@@ -128,6 +143,8 @@ class Snapshot:
     version: int | None
     policies: tuple[CompiledPolicy, ...] = ()
     fingerprint: Fingerprint | None = None  # of the tables when it was read
+    #: user pk -> the names of the groups that group overrides name, it belongs to
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: The DRF scopes some policy is tied to (empty: no policy has one); derived.
     scopes: frozenset[str] = frozenset()
 
@@ -142,8 +159,9 @@ class Snapshot:
         ]
 
 
-def compile_policy(policy: Any) -> CompiledPolicy:
-    """Parse one `Policy` row; ValueError when the row is invalid (saved around clean())."""
+def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy:
+    """Parse one `Policy` row and its `Override` rows; ValueError when the policy is
+    invalid (saved around clean()); an invalid override is skipped."""
     from ratelimits.models import split_methods
     from ratelimits.pipeline.identity import parse_key
     from ratelimits.pipeline.paths import PathPattern
@@ -162,6 +180,7 @@ def compile_policy(policy: Any) -> CompiledPolicy:
         template=_held_at_most(policy.as_limit(""), get_config()["MAX_DELAY"]),
         counting=policy.counting,
         rollout=policy.rollout,
+        overrides=_compile_overrides(policy, overrides),
     )
 
 
@@ -190,19 +209,57 @@ def _order(p: CompiledPolicy) -> tuple[int, int, str]:
 
 def load_snapshot(version: int | None) -> Snapshot:
     """Read the enabled policies from the database and compile them."""
-    from ratelimits.models import Mode, Policy
+    from ratelimits.models import Mode, Override, Policy
 
     rows = list(Policy.objects.all())  # the off ones too: they count in the fingerprint
+    overrides = list(Override.objects.order_by())  # no ordering: no join
+    by_policy: dict[int, list[Any]] = {}
+    for override in overrides:
+        by_policy.setdefault(override.policy_id, []).append(override)
     compiled = []
     for policy in rows:
         if policy.mode == Mode.OFF:
             continue
         try:
-            compiled.append(compile_policy(policy))
+            compiled.append(compile_policy(policy, by_policy.get(policy.pk, ())))
         except (ValueError, TypeError) as exc:
             logger.error("ratelimits: policy %r is invalid and is skipped: %s", policy.name, exc)
+    groups = {g for c in compiled if c.overrides for g in c.overrides.groups}
     return Snapshot(version=version, policies=tuple(sorted(compiled, key=_order)),
-                    fingerprint=_fingerprint_of(rows))
+                    fingerprint=_fingerprint_of(rows, overrides), members=_members(groups))
+
+
+def _members(groups: set[str]) -> dict[str, frozenset[str]]:
+    """For the groups that overrides name: each member's pk -> its groups among them."""
+    if not groups:
+        return {}
+    from django.contrib.auth import get_user_model
+
+    through = get_user_model().groups.through
+    found: dict[str, set[str]] = {}
+    for pk, name in through.objects.filter(group__name__in=groups).values_list(
+        f"{get_user_model()._meta.model_name}_id", "group__name"
+    ):
+        found.setdefault(str(pk), set()).add(name)
+    return {pk: frozenset(names) for pk, names in found.items()}
+
+
+def _compile_overrides(policy: Any, rows: Iterable[Any]) -> OverrideTable | None:
+    """A policy's overrides as one table; an invalid one is logged and skipped."""
+    pairs = []
+    prefix = get_config()["IPV6_PREFIX"]
+    for row in rows:
+        try:
+            match = parse_match(policy.key, row.match, prefix)
+            template = None if row.exempt else _held_at_most(
+                row.as_limit(policy, ""), get_config()["MAX_DELAY"])
+        except (ValueError, TypeError) as exc:
+            logger.error("ratelimits: override %r of policy %r is invalid and is skipped: %s",
+                         row.match, policy.name, exc)
+            continue
+        expires = None if row.expires is None else row.expires.timestamp()
+        pairs.append((match, Rule(row.pk, row.exempt, template, expires)))
+    return OverrideTable.of(pairs) if pairs else None
 
 
 class Resolver:

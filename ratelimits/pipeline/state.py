@@ -39,6 +39,9 @@ class RequestState:
     #: and the view's scoped policies); `throttled`: the throttle did decide it.
     deferred: bool = False
     throttled: bool = False
+    #: RATELIMITS["TIER"]'s answer for this request, once asked (`tier_known`).
+    tier: str | None = None
+    tier_known: bool = False
 
 
 def http_request(request: Any) -> Any:

@@ -104,6 +104,7 @@ def test_edits_are_recorded_with_old_and_new_values(admin_client, make_policy):
         k: v for k, v in form.initial.items() if v is not None and k not in ("created", "updated")
     }
     data.update(limit=10, mode="shadow")
+    data.update({"overrides-TOTAL_FORMS": 0, "overrides-INITIAL_FORMS": 0})  # the inline
     response = admin_client.post(f"{URL}{policy.pk}/change/", data)
     assert response.status_code == 302, response.content
     entry = LogEntry.objects.filter(object_id=str(policy.pk)).latest("action_time")

@@ -187,7 +187,7 @@ def test_an_edit_that_moved_no_version_reaches_the_process_after_db_check_every(
     with django_assert_num_queries(0):  # not yet: no query on the request path
         assert applied(client.get("/hello/")) == '"a";q=100;w=3600'
     clock[0] += 0.1
-    with django_assert_num_queries(2):  # the fingerprint, then the policies
+    with django_assert_num_queries(3):  # the fingerprint, then the policies and overrides
         assert applied(client.get("/hello/")) == '"a";q=1;w=3600'
     with django_assert_num_queries(0):  # read again only DB_CHECK_EVERY later
         for _ in range(3):

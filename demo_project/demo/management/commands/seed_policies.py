@@ -1,10 +1,10 @@
-"""Create or update the demo's example policies (safe to run again)."""
+"""Create or update the demo's example policies and overrides (safe to run again)."""
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from demo_project.demo.seed import EXAMPLE_POLICIES
-from ratelimits.models import Policy
+from demo_project.demo.seed import EXAMPLE_OVERRIDES, EXAMPLE_POLICIES
+from ratelimits.models import Override, Policy
 
 
 class Command(BaseCommand):
@@ -22,3 +22,14 @@ class Command(BaseCommand):
             policy.save()
             verb = "created" if created else "updated"
             self.stdout.write(f"{verb} {policy.mode:<8} {name}")
+        for name, fields in EXAMPLE_OVERRIDES:
+            policy = Policy.objects.get(name=name)
+            override = Override.objects.filter(policy=policy, match=fields["match"]).first()
+            override = override or Override(policy=policy)
+            for attr, value in fields.items():
+                setattr(override, attr, value)
+            override.full_clean()
+            created = override.pk is None
+            override.save()
+            verb = "created" if created else "updated"
+            self.stdout.write(f"{verb} override {name} {override.match}")
