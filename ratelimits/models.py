@@ -375,7 +375,10 @@ class Override(models.Model):
             errors.setdefault(field, []).append(message)
 
         self.match = (self.match or "").strip()
-        policy = self.policy if self.policy_id else None
+        try:
+            policy: Policy | None = self.policy  # saved, or one an import is creating
+        except Policy.DoesNotExist:
+            policy = None
         if policy is not None:
             from ratelimits.conf import get_config
             from ratelimits.pipeline.overrides import parse_match

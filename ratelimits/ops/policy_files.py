@@ -1,12 +1,16 @@
 """Policies as files: `manage.py ratelimits export` and `ratelimits import FILE`.
 
-A file holds every policy by name with its editable fields, so rules move from staging to
-production and live in version control. An import validates every policy with the
-admin's rules (`full_clean()`) before it writes anything, then applies all of them in one
-transaction, or none.
+A file holds every policy by name with its editable fields and its overrides, so rules
+move from staging to production and live in version control. An import validates every
+policy and override with the admin's rules (`full_clean()`) before it writes anything,
+then applies all of them in one transaction, or none.
 
     {"format": "ratelimits.policies", "version": 1,
-     "policies": [{"name": "login", "mode": "enforce", "limit": 5, ...}]}
+     "policies": [{"name": "login", "mode": "enforce", "limit": 5, ...,
+                   "overrides": [{"match": "ip:10.0.0.0/8", "exempt": true, ...}]}]}
+
+A policy's "overrides" in a file are all of its overrides: an import creates, updates
+(by `match`) and deletes them to match. A policy given without "overrides" keeps its own.
 """
 
 from __future__ import annotations
@@ -21,27 +25,42 @@ from django.db import transaction
 
 FORMAT = "ratelimits.policies"
 VERSION = 1
-#: Fields of a policy that a file does not carry: the database's and the clock's.
-NOT_EXPORTED = frozenset({"id", "created", "updated"})
+#: Fields of a policy or an override that a file does not carry: the database's and the
+#: clock's, and an override's policy (it is nested in its policy).
+NOT_EXPORTED = frozenset({"id", "created", "updated", "policy"})
+OVERRIDES = "overrides"
 
 
 class PolicyFileError(ValueError):
     """The file cannot be imported; the message says where and what to fix."""
 
 
-def exported_fields() -> list[str]:
-    """The policy fields a file carries, in the model's order (name first)."""
+def exported_fields(model: Any = None) -> list[str]:
+    """The fields a file carries of a policy (or of `model`), in the model's order."""
     from ratelimits.models import Policy
 
-    return [f.name for f in Policy._meta.concrete_fields if f.name not in NOT_EXPORTED]
+    model = model or Policy
+    return [f.name for f in model._meta.concrete_fields
+            if f.name not in NOT_EXPORTED and f.attname not in NOT_EXPORTED]
+
+
+def _value(obj: Any, field: str) -> Any:
+    value = getattr(obj, field)
+    return value.isoformat() if hasattr(value, "isoformat") else value
 
 
 def export_policies() -> dict[str, Any]:
-    """Every policy, by name, with its editable fields (the file's whole content)."""
-    from ratelimits.models import Policy
+    """Every policy, by name, with its editable fields and its overrides (the file's
+    whole content)."""
+    from ratelimits.models import Override, Policy
 
-    fields = exported_fields()
-    policies = [{f: getattr(p, f) for f in fields} for p in Policy.objects.order_by("name")]
+    fields, sub = exported_fields(), exported_fields(Override)
+    policies = []
+    for p in Policy.objects.order_by("name").prefetch_related(OVERRIDES):
+        entry = {f: _value(p, f) for f in fields}
+        entry[OVERRIDES] = [{f: _value(o, f) for f in sub}
+                            for o in sorted(p.overrides.all(), key=lambda o: o.match)]
+        policies.append(entry)
     return {"format": FORMAT, "version": VERSION, "policies": policies}
 
 
@@ -53,7 +72,7 @@ class Change:
     action: str
     name: str
     fields: list[tuple[str, Any, Any]] = dataclasses.field(default_factory=list)
-    policy: Any = None  # the row to save (create, update) or delete
+    policy: Any = None  # the row (a policy or an override) to save, or to delete
 
     def describe(self) -> str:
         if self.action != "update":
@@ -63,8 +82,8 @@ class Change:
 
 
 def plan_import(data: Any, *, delete_missing: bool = False) -> list[Change]:
-    """What importing `data` (a parsed file) changes, every policy validated first;
-    PolicyFileError listing every problem when anything is wrong. Writes nothing."""
+    """What importing `data` (a parsed file) changes, every policy and override validated
+    first; PolicyFileError listing every problem when anything is wrong. Writes nothing."""
     from ratelimits.models import Policy
 
     entries = _entries(data)
@@ -74,10 +93,10 @@ def plan_import(data: Any, *, delete_missing: bool = False) -> list[Change]:
     changes: list[Change] = []
     problems: list[str] = []
     for where, entry in entries:
-        unknown = sorted(set(entry) - set(fields))
+        unknown = sorted(set(entry) - set(fields) - {OVERRIDES})
         if unknown:
             problems.append(f"{where}: unknown field(s) {', '.join(unknown)}; the fields "
-                            f"are {', '.join(fields)}")
+                            f"are {', '.join(fields)}, {OVERRIDES}")
             continue
         name = entry["name"]
         old = existing.get(name)
@@ -93,10 +112,12 @@ def plan_import(data: Any, *, delete_missing: bool = False) -> list[Change]:
             continue
         if old is None:
             changes.append(Change("create", name, policy=policy))
-            continue
-        diff = [(f, getattr(old, f), getattr(policy, f)) for f in fields
-                if getattr(old, f) != getattr(policy, f)]
-        changes.append(Change("update" if diff else "unchanged", name, diff, policy))
+        else:
+            diff = [(f, getattr(old, f), getattr(policy, f)) for f in fields
+                    if getattr(old, f) != getattr(policy, f)]
+            changes.append(Change("update" if diff else "unchanged", name, diff, policy))
+        if OVERRIDES in entry:
+            changes += _plan_overrides(where, policy, old, entry[OVERRIDES], problems)
     if problems:
         raise PolicyFileError("\n".join(problems))
     if delete_missing:
@@ -106,13 +127,69 @@ def plan_import(data: Any, *, delete_missing: bool = False) -> list[Change]:
     return changes
 
 
+def _plan_overrides(where: str, policy: Any, old: Any, given: Any,
+                    problems: list[str]) -> list[Change]:
+    """A policy's overrides as the file gives them: all of them, by match."""
+    from django.utils.dateparse import parse_datetime
+
+    from ratelimits.models import Override
+
+    fields = exported_fields(Override)
+    if not isinstance(given, list):
+        problems.append(f"{where}: {OVERRIDES} must be a list")
+        return []
+    current = {o.match: o for o in old.overrides.all()} if old is not None else {}
+    changes, seen = [], set()
+    for i, item in enumerate(given, 1):
+        at = f"{where} override {i}"
+        if not isinstance(item, dict) or not isinstance(item.get("match"), str):
+            problems.append(f"{at}: must be an object with a \"match\"")
+            continue
+        unknown = sorted(set(item) - set(fields))
+        if unknown:
+            problems.append(f"{at}: unknown field(s) {', '.join(unknown)}; the fields are "
+                            f"{', '.join(fields)}")
+            continue
+        values = dict(item)
+        if isinstance(values.get("expires"), str):
+            values["expires"] = parse_datetime(values["expires"]) or values["expires"]
+        override = current.get(item["match"].strip())
+        before = {f: getattr(override, f) for f in fields} if override else None
+        override = override or Override()
+        override.policy = policy
+        for field in fields:
+            if field in values:
+                setattr(override, field, values[field])
+        try:
+            override.full_clean(exclude=["policy"], validate_unique=False,
+                                validate_constraints=False)
+        except ValidationError as exc:
+            problems += [f"{at} {item['match']!r}: {field}: {' '.join(messages)}"
+                         for field, messages in exc.message_dict.items()]
+            continue
+        if override.match in seen:
+            problems.append(f"{at}: {override.match!r} appears twice for this policy")
+            continue
+        seen.add(override.match)
+        label = f"{policy.name} override {override.match}"
+        if before is None:
+            changes.append(Change("create", label, policy=override))
+        else:
+            diff = [(f, before[f], getattr(override, f)) for f in fields
+                    if before[f] != getattr(override, f)]
+            changes.append(Change("update" if diff else "unchanged", label, diff, override))
+    changes += [Change("delete", f"{policy.name} override {match}", policy=o)
+                for match, o in sorted(current.items()) if match not in seen]
+    return changes
+
+
 def apply(changes: list[Change]) -> None:
     """Write the planned changes in one transaction (all or nothing); the policy
     version is published once it commits, as for an edit in the admin."""
     with transaction.atomic():
-        for change in changes:
+        for change in changes:  # a policy comes before its overrides
             if change.action in ("create", "update"):
-                change.policy.save()
+                change.policy.save()  # an override takes its new policy's pk (Django)
             elif change.action == "delete":
                 change.policy.delete()
 

@@ -152,3 +152,50 @@ def test_an_import_publishes_the_change_to_every_process(
     with django_capture_on_commit_callbacks(execute=True):
         run("import", str(path))
     assert client.get("/hello/").status_code == 429  # the next request has the new limit
+
+
+def test_overrides_travel_with_their_policy(make_policy, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ratelimits.models import Override
+
+    policy = make_policy(name="per-ip", limit=5, period=60)
+    expires = (timezone.now() + timedelta(days=3)).replace(microsecond=0)
+    Override.objects.create(policy=policy, match="ip:10.0.0.0/8", exempt=True, note="office")
+    Override.objects.create(policy=policy, match="ip:192.0.2.10", limit=50, expires=expires)
+    path = tmp_path / "p.json"
+    path.write_text(run("export"))
+    data = json.loads(path.read_text())
+    assert [o["match"] for o in data["policies"][0]["overrides"]] == [
+        "ip:10.0.0.0/8", "ip:192.0.2.10"]
+
+    Policy.objects.all().delete()  # another environment
+    out = run("import", str(path))
+    assert "create per-ip override ip:192.0.2.10" in out
+    found = {o.match: o for o in Override.objects.all()}
+    assert found["ip:10.0.0.0/8"].exempt and found["ip:10.0.0.0/8"].note == "office"
+    assert found["ip:192.0.2.10"].limit == 50 and found["ip:192.0.2.10"].expires == expires
+
+    # the file's overrides are all of them: changed by match, the others deleted
+    data["policies"][0]["overrides"] = [{"match": "ip:192.0.2.10", "limit": 80}]
+    path.write_text(json.dumps(data))
+    out = run("import", str(path))
+    assert "update per-ip override ip:192.0.2.10: limit 50 -> 80" in out
+    assert "delete per-ip override ip:10.0.0.0/8" in out
+    assert list(Override.objects.values_list("match", "limit")) == [("ip:192.0.2.10", 80)]
+
+
+def test_an_invalid_override_in_a_file_changes_nothing(make_policy, tmp_path):
+    make_policy(name="per-ip", limit=5)
+    data = json.loads(run("export"))
+    data["policies"][0]["limit"] = 9
+    data["policies"][0]["overrides"] = [{"match": "user:42", "limit": 50}]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CommandError) as info:
+        run("import", str(path))
+    assert "policy 1 'per-ip' override 1 'user:42': match: This policy counts by ip" in str(
+        info.value)
+    assert Policy.objects.get(name="per-ip").limit == 5
