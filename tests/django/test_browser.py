@@ -143,3 +143,48 @@ def test_the_policy_list_fits_a_laptop_screen_beside_the_navigation(
     assert box["scroll"] <= box["client"], box
     assert box["last"] <= box["edge"] + 0.5, box
     assert page.locator("th", has_text="last hour").is_visible()
+
+
+@pytest.mark.slow
+def test_overrides_and_a_gradual_rollout_from_the_admin(
+    live_server, browser_page, shots, django_user_model, make_policy
+):
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    policy = make_policy(name="api-per-ip", limit=100, period=60, path="/hello/",
+                         rollout=5, description="New rule, rolled out to a few clients.")
+    page, base = browser_page, live_server.url
+    log_in(page, base)
+
+    # an override, added inline on the policy's page
+    page.goto(f"{base}/admin/ratelimits/policy/{policy.pk}/change/")
+    page.locator("#overrides-group .add-row a").click()
+    page.fill("#id_overrides-0-match", "ip:192.0.2.10")
+    page.fill("#id_overrides-0-limit", "1000")
+    page.fill("#id_overrides-0-note", "Partner gateway, ticket 4711")
+    page.locator("#overrides-group .add-row a").click()
+    page.fill("#id_overrides-1-match", "ip:10.0.0.0/8")
+    page.check("#id_overrides-1-exempt")
+    page.fill("#id_overrides-1-note", "Office network")
+    page.click("input[name=_continue]")
+    assert "was changed successfully" in page.locator(".messagelist").inner_text()
+    page.locator("#overrides-group").screenshot(path=str(shots / "policy-overrides.png"))
+
+    # every override, across policies
+    page.goto(f"{base}/admin/ratelimits/override/")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 2
+    assert "1000 per minute" in rows.filter(has_text="192.0.2.10").inner_text()
+    assert "exempt" in rows.filter(has_text="10.0.0.0/8").inner_text()
+    page.locator("#content").screenshot(path=str(shots / "override-list.png"))
+
+    # the rollout, raised a step from the list
+    page.goto(f"{base}/admin/ratelimits/policy/")
+    row = page.locator("#result_list tbody tr", has_text="api-per-ip")
+    assert "5% of clients" in row.inner_text()
+    row.locator("input.action-select").check()
+    page.select_option("select[name=action]", "raise_rollout")
+    page.click("button[name=index]")
+    assert "Rollout raised: api-per-ip (25%)" in page.locator(".messagelist").inner_text()
+    row = page.locator("#result_list tbody tr", has_text="api-per-ip")
+    assert "25% of clients" in row.inner_text()
+    page.locator("#content").screenshot(path=str(shots / "policy-rollout.png"))
