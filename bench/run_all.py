@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import capacity, cluster, common, e2e, engine, exactness, memory, replay
+from bench import capacity, cluster, common, e2e, engine, exactness, memory, overrides, replay
 from bench.common import Section, table
 
 SECTIONS = {
@@ -28,6 +28,7 @@ SECTIONS = {
     "5": exactness.run,
     "6": replay.run,
     "7": cluster.run,
+    "8": overrides.run,
 }
 
 

@@ -20,7 +20,8 @@ An override whose `expires` has passed stops applying at that moment, without an
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+import socket
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,82 +110,91 @@ class OverrideTable:
     """One policy's overrides, laid out for lookups without a query."""
 
     exact: dict[str, Rule] = field(default_factory=dict)
-    #: (IP version, prefix length) -> {network address as an int: rule}
-    networks: dict[tuple[int, int], dict[int, Rule]] = field(default_factory=dict)
-    #: per IP version, the prefix lengths present, longest first
-    lengths: dict[int, list[int]] = field(default_factory=dict)
+    #: per IP version, (prefix length, shift, {network address as an int: rule}),
+    #: longest prefix first
+    networks: dict[int, list[tuple[int, int, dict[int, Rule]]]] = field(default_factory=dict)
     groups: dict[str, Rule] = field(default_factory=dict)
     tiers: dict[str, Rule] = field(default_factory=dict)
+    #: whether an exemption hides among networks, groups or tiers (an exact match must
+    #: then look further; without one, an exact match ends the search)
+    exempt_beyond_exact: bool = False
 
     @classmethod
     def of(cls, pairs: Iterable[tuple[Match, Rule]]) -> OverrideTable:
         table = cls()
+        by_length: dict[tuple[int, int], dict[int, Rule]] = {}
         for match, rule in pairs:
             if match.kind == "exact":
                 table.exact[match.value] = rule
-            elif match.kind == "network":
+                continue
+            table.exempt_beyond_exact |= rule.exempt
+            if match.kind == "network":
                 net = match.value
-                table.networks.setdefault((net.version, net.prefixlen), {})[
+                by_length.setdefault((net.version, net.prefixlen), {})[
                     int(net.network_address)] = rule
             elif match.kind == GROUP:
                 table.groups[match.value] = rule
             else:
                 table.tiers[match.value] = rule
-        for version, length in table.networks:
-            table.lengths.setdefault(version, []).append(length)
-        for lengths in table.lengths.values():
-            lengths.sort(reverse=True)
+        for (version, length), rules in sorted(by_length.items(), key=lambda kv: -kv[0][1]):
+            bits = 32 if version == 4 else 128
+            table.networks.setdefault(version, []).append((length, bits - length, rules))
         return table
-
-    @property
-    def wants_groups(self) -> bool:
-        return bool(self.groups)
-
-    @property
-    def wants_tier(self) -> bool:
-        return bool(self.tiers)
 
     def find(self, identity: str, now: float, groups: Callable[[], Iterable[str]],
              tier: Callable[[], str | None]) -> Rule | None:
         """The override that applies to `identity` at `now`, by the precedence above;
         `groups()` and `tier()` are asked only when this policy has such overrides."""
-        found = [r for r in self._candidates(identity, groups, tier) if r.live(now)]
-        if not found:
-            return None
-        exempt = next((r for r in found if r.exempt), None)
-        return exempt or found[0]
-
-    def _candidates(self, identity: str, groups: Callable[[], Iterable[str]],
-                    tier: Callable[[], str | None]) -> list[Rule]:
-        """Matching rules, most specific first (groups and tiers: most generous first)."""
-        out = []
         rule = self.exact.get(identity)
-        if rule is not None:
-            out.append(rule)
-        if self.networks and identity.startswith("ip:"):
-            out += self._in_networks(identity[3:])
-        shared = []
+        if rule is not None and not rule.live(now):
+            rule = None
+        if rule is not None and (rule.exempt or not self.exempt_beyond_exact):
+            return rule  # nothing less specific can win over it
+        networks = (self._in_networks(identity[3:]) if self.networks
+                    and identity.startswith("ip:") else iter(()))
+        if not self.exempt_beyond_exact:  # the most specific match wins: stop at it
+            found = next((r for r in networks if r.live(now)), None)
+            if found is not None:
+                return found
+            shared = [r for r in self._shared(groups, tier) if r.live(now)]
+            return max(shared, key=Rule.generosity) if shared else None
+        ordered = ([] if rule is None else [rule]) + [r for r in networks if r.live(now)]
+        ordered += sorted((r for r in self._shared(groups, tier) if r.live(now)),
+                          key=Rule.generosity, reverse=True)
+        return next((r for r in ordered if r.exempt), ordered[0] if ordered else None)
+
+    def _shared(self, groups: Callable[[], Iterable[str]],
+                tier: Callable[[], str | None]) -> list[Rule]:
+        out: list[Rule] = []
         if self.groups:
-            shared += [self.groups[g] for g in groups() if g in self.groups]
+            out += [self.groups[g] for g in groups() if g in self.groups]
         if self.tiers:
             name = tier()
             if name is not None and name in self.tiers:
-                shared.append(self.tiers[name])
-        return out + sorted(shared, key=Rule.generosity, reverse=True)
-
-    def _in_networks(self, text: str) -> list[Rule]:
-        try:  # an IPv6 identity is its /64 network ("2001:db8:1:2::/64")
-            address = ipaddress.ip_network(text, strict=False)
-        except ValueError:
-            return []
-        bits = address.max_prefixlen
-        value = int(address.network_address)
-        out = []
-        for length in self.lengths.get(address.version, ()):
-            if length > address.prefixlen:
-                continue  # finer than the identity itself
-            masked = value >> (bits - length) << (bits - length)
-            rule = self.networks[(address.version, length)].get(masked)
-            if rule is not None:
-                out.append(rule)
+                out.append(self.tiers[name])
         return out
+
+    def _in_networks(self, text: str) -> Iterator[Rule]:
+        """The networks holding an identity's address, longest first."""
+        address = _address(text)
+        if address is None:
+            return
+        version, value, own = address
+        for length, shift, rules in self.networks.get(version, ()):
+            if length <= own:  # not finer than the identity itself (an IPv6 /64)
+                rule = rules.get(value >> shift << shift)
+                if rule is not None:
+                    yield rule
+
+
+def _address(text: str) -> tuple[int, int, int] | None:
+    """An ip identity's address: (version, integer, prefix length), fast for the common
+    shapes ("203.0.113.7", "2001:db8:1:2::/64"); None when it is not one."""
+    address, _, prefix = text.partition("/")
+    try:
+        if ":" in address:
+            value = int.from_bytes(socket.inet_pton(socket.AF_INET6, address), "big")
+            return 6, value, int(prefix) if prefix else 128
+        return 4, int.from_bytes(socket.inet_aton(address), "big"), int(prefix or 32)
+    except (OSError, ValueError):
+        return None
