@@ -96,7 +96,7 @@ def _run(rounds: int, n: int) -> None:
         return HttpResponse("hello")
 
     middleware = RateLimitMiddleware(view)
-    real = get_engine()
+    real = get_engine().store  # the Redis engine behind the deny cache and leases
     assert middleware(rf.get("/hello/")).status_code == 200
     version = resolver.snapshot().version
 
