@@ -118,6 +118,9 @@ class OverrideTable:
     #: whether an exemption hides among networks, groups or tiers (an exact match must
     #: then look further; without one, an exact match ends the search)
     exempt_beyond_exact: bool = False
+    #: per IP version, (shift, the networks' addresses shifted by it): the shortest
+    #: prefix of them all, so an address outside every network costs one lookup
+    coarse: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, pairs: Iterable[tuple[Match, Rule]]) -> OverrideTable:
@@ -139,6 +142,10 @@ class OverrideTable:
         for (version, length), rules in sorted(by_length.items(), key=lambda kv: -kv[0][1]):
             bits = 32 if version == 4 else 128
             table.networks.setdefault(version, []).append((length, bits - length, rules))
+        for version, levels in table.networks.items():
+            shift = levels[-1][1]  # the shortest prefix's
+            table.coarse[version] = (shift, frozenset(
+                address >> shift for _, _, rules in levels for address in rules))
         return table
 
     def find(self, identity: str, now: float, groups: Callable[[], Iterable[str]],
@@ -180,7 +187,10 @@ class OverrideTable:
         if address is None:
             return
         version, value, own = address
-        for length, shift, rules in self.networks.get(version, ()):
+        coarse = self.coarse.get(version)
+        if coarse is None or value >> coarse[0] not in coarse[1]:
+            return  # outside every network
+        for length, shift, rules in self.networks[version]:
             if length <= own:  # not finer than the identity itself (an IPv6 /64)
                 rule = rules.get(value >> shift << shift)
                 if rule is not None:
