@@ -247,12 +247,15 @@ def _members(groups: set[str]) -> dict[str, frozenset[str]]:
 def _compile_overrides(policy: Any, rows: Iterable[Any]) -> OverrideTable | None:
     """A policy's overrides as one table; an invalid one is logged and skipped."""
     pairs = []
-    prefix = get_config()["IPV6_PREFIX"]
+    prefix, max_delay = get_config()["IPV6_PREFIX"], get_config()["MAX_DELAY"]
+    templates: dict[Limit, Limit] = {}  # overrides giving the same limit share one
     for row in rows:
         try:
             match = parse_match(policy.key, row.match, prefix)
-            template = None if row.exempt else _held_at_most(
-                row.as_limit(policy, ""), get_config()["MAX_DELAY"])
+            template = None if row.exempt else _held_at_most(row.as_limit(policy, ""),
+                                                             max_delay)
+            if template is not None:
+                template = templates.setdefault(template, template)
         except (ValueError, TypeError) as exc:
             logger.error("ratelimits: override %r of policy %r is invalid and is skipped: %s",
                          row.match, policy.name, exc)
