@@ -234,3 +234,15 @@ def test_make_honours_chromium_from_the_environment():
     assert "apt-get install" in dry_run("/nonexistent/chromium")
     # ...and one that exists is used as it is.
     assert "apt-get install" not in dry_run(sys.executable)
+
+
+def test_the_rollout_the_readme_describes_takes_127_0_0_1_in_at_50_percent():
+    """The quick start says 127.0.0.1 is out of search-rollout at 25% and in at 50%."""
+    from demo_project.demo.seed import EXAMPLE_POLICIES
+    from ratelimits.pipeline.resolver import in_rollout
+
+    (seeded,) = [p for p in EXAMPLE_POLICIES if p["name"] == "search-rollout"]
+    assert seeded["rollout"] == 25
+    assert not in_rollout("search-rollout", "ip:127.0.0.1", 25)
+    assert in_rollout("search-rollout", "ip:127.0.0.1", 50)
+    assert "at 50% your address is in" in (ROOT / "README.md").read_text()
