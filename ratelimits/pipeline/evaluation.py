@@ -162,6 +162,12 @@ def _decide(
     return verdict
 
 
+def _now() -> float | None:
+    """The time to decide at: a test's clock (`ratelimits.testing`), else the engine's."""
+    clock = process.test_clock
+    return None if clock is None else float(clock.now())
+
+
 #: `_decide_shared`'s decision when the store was out of reach (on_error decided).
 _UNREACHED: Any = object()
 
@@ -180,7 +186,7 @@ def _decide_shared(
     engine: Any = None
     try:
         engine = get_engine()  # a cluster client needs a reachable node to be built
-        decision = engine.evaluate([p.limit for p in planned])
+        decision = engine.evaluate([p.limit for p in planned], _now())
     except EngineError as exc:  # unreachable, read-only, out of memory ...
         if recorder is not None and engine is not None:
             seconds = time.perf_counter() - started
@@ -210,7 +216,7 @@ def _decide_own(
     local = get_local_engine()
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
-    mine, receipt = local.take([p.limit for p in own])
+    mine, receipt = local.take([p.limit for p in own], _now())
     seconds = time.perf_counter() - started if recorder is not None else 0.0
     decision: Decision | None = None
     if not mine.allowed or not shared:
@@ -396,10 +402,18 @@ async def await_turn(verdict: Verdict) -> Verdict:
 
 
 def sleep(seconds: float) -> None:
-    """Hold an admitted leaky-bucket request (a module function so tests can observe it)."""
-    time.sleep(seconds)
+    """Hold an admitted, delayed request (a test's clock is advanced instead)."""
+    clock = process.test_clock
+    if clock is not None:
+        clock.sleep(seconds)
+    else:
+        time.sleep(seconds)
 
 
 async def asleep(seconds: float) -> None:
     """The async stack's `sleep`: the event loop serves others meanwhile."""
-    await asyncio.sleep(seconds)
+    clock = process.test_clock
+    if clock is not None:
+        clock.sleep(seconds)
+    else:
+        await asyncio.sleep(seconds)

@@ -229,6 +229,31 @@ def load_snapshot(version: int | None) -> Snapshot:
                     fingerprint=_fingerprint_of(rows, overrides), members=_members(groups))
 
 
+def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
+    """A snapshot of policies given in code (`ratelimits.testing`), never read from the
+    database: dicts of `Policy` fields (`rate` may stand for limit and period, `mode` is
+    "enforce" unless given) or unsaved `Policy` objects, validated as the admin does."""
+    from ratelimits.models import Mode, Policy
+    from ratelimits.rates import parse_rate
+
+    compiled = []
+    for i, given in enumerate(policies, 1):
+        if isinstance(given, Policy):
+            policy = given
+        else:
+            fields = {"mode": Mode.ENFORCE, "path": "*", **given}
+            rate = fields.pop("rate", None)
+            if rate is not None:
+                fields["limit"], fields["period"] = parse_rate(rate)
+            policy = Policy(**fields)
+        policy.full_clean(validate_unique=False)
+        if policy.pk is None:
+            policy.pk = -i  # never a saved row's
+        if policy.mode != Mode.OFF:
+            compiled.append(compile_policy(policy))
+    return Snapshot(version=None, policies=tuple(sorted(compiled, key=_order)))
+
+
 def _members(groups: set[str]) -> dict[str, frozenset[str]]:
     """For the groups that overrides name: each member's pk -> its groups among them."""
     if not groups:
@@ -278,9 +303,13 @@ class Resolver:
         self._stale = False
         self._lock = threading.Lock()
         self._retry_at = 0.0
+        #: A snapshot installed by `ratelimits.testing`: the database is not read.
+        self.pinned: Snapshot | None = None
 
     def snapshot(self) -> Snapshot:
         """The current snapshot; built on first use, or now if this process saved a policy."""
+        if self.pinned is not None:
+            return self.pinned
         snap = self._snapshot
         if snap is None or self._stale:
             snap = self._rebuild(self._stale_version if self._stale else None, wait=snap is None)
@@ -288,7 +317,7 @@ class Resolver:
 
     def observe(self, version: int | None, snap: Snapshot) -> Snapshot | None:
         """The engine reported `version`; returns a new snapshot if one was built for it."""
-        if version == snap.version or version is None:
+        if version == snap.version or version is None or self.pinned is not None:
             return None
         new = self._rebuild(version, wait=False)
         return new if new is not snap and new.version == version else None
@@ -297,6 +326,8 @@ class Resolver:
         """`snap`, or a new snapshot when the policy tables changed since it was read.
         Reads them at most once per `DB_CHECK_EVERY` per process, in one thread at a time
         (the others go on with `snap`); a failed read is logged and tried again later."""
+        if self.pinned is not None:
+            return self.pinned
         lock = process.db_check_lock
         if not lock.acquire(blocking=False):
             return snap
@@ -325,6 +356,7 @@ class Resolver:
 
     def reset(self) -> None:
         with self._lock:
+            self.pinned = None
             self._snapshot = None
             self._stale = False
             self._stale_version = None

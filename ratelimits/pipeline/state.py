@@ -79,6 +79,10 @@ class ProcessState:
     db_checked_at: float = -float("inf")
     #: Held by the one thread that reads the fingerprint.
     db_check_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: A test's clock (`ratelimits.testing.Clock`: `now()` in epoch seconds, `sleep()`):
+    #: the engines decide at its time and waiting requests advance it. None: real time
+    #: (the store's clock, or this process's).
+    test_clock: Any = None
 
 
 process = ProcessState()
@@ -104,3 +108,4 @@ def reset_state() -> None:
     process.last_unavailable_log = 0.0
     process.version_at = -float("inf")
     process.db_checked_at = -float("inf")
+    process.test_clock = None

@@ -239,6 +239,15 @@ def get_local_engine() -> Any:
     return _local
 
 
+def install(engine: Any) -> None:
+    """Decide with `engine`, shared and per-process policies alike, until the next
+    `reset_engines()` (`ratelimits.testing` installs a fresh in-process engine)."""
+    global _engine, _local
+    reset_engines()
+    with _lock:
+        _engine = _local = engine
+
+
 def is_shared() -> bool:
     """Whether limits are shared between processes (REDIS_URL or a Redis-backed cache)."""
     config = get_config()

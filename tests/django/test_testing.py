@@ -1,0 +1,123 @@
+"""`ratelimits.testing`: policies for one test without the database, a clock the test
+moves, counters from zero, and the pytest fixture."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ValidationError
+
+from ratelimits.pipeline.resolver import resolver
+from ratelimits.pipeline.state import process
+from ratelimits.testing import Clock, limited
+
+LOGIN = {"name": "login", "rate": "5/m", "algorithm": "sliding_log", "path": "/login/",
+         "methods": "POST"}
+
+
+def _posts(client, n, path="/login/"):
+    return [client.post(path).status_code for _ in range(n)]
+
+
+def test_the_readme_shows_the_example_module_as_it_is():
+    module = Path(__file__).with_name("test_readme_testing.py").read_text()
+    body = module.split('"""\n\n', 1)[1]
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert body.strip() in readme
+
+
+def test_policies_are_installed_without_the_database(client):
+    # no `db` fixture: any query would fail the test
+    with limited(LOGIN):
+        assert _posts(client, 6) == [200] * 5 + [429]
+
+
+def test_a_saved_policy_is_not_applied_inside_but_load_applies_it(client, make_policy):
+    make_policy(name="saved", limit=1, path="/hello/")
+    assert [client.get("/hello/").status_code for _ in range(2)] == [200, 429]
+    with limited() as limits:
+        assert [client.get("/hello/").status_code for _ in range(3)] == [200] * 3
+        limits.load()
+        assert [client.get("/hello/").status_code for _ in range(2)] == [200, 429]
+    # outside, the database's policies and the store's counts again
+    assert client.get("/hello/").status_code == 429
+    assert resolver.pinned is None and process.test_clock is None
+
+
+def test_each_block_starts_with_no_counts(client):
+    with limited(LOGIN):
+        assert _posts(client, 6)[-1] == 429
+    with limited(LOGIN) as limits:
+        assert _posts(client, 5) == [200] * 5
+        limits.reset()
+        assert _posts(client, 5) == [200] * 5
+
+
+def test_the_clock_stands_still_until_advanced(client):
+    with limited(LOGIN, at=1_000_000.0) as limits:
+        _posts(client, 5)
+        assert client.post("/login/")["Retry-After"] == "60"
+        limits.clock.advance(59.5)
+        assert client.post("/login/")["Retry-After"] == "1"
+        limits.clock.advance(0.5)
+        assert _posts(client, 1) == [200]
+        assert limits.clock.now() == 1_000_060.0
+
+
+def test_a_waiting_request_moves_the_clock_instead_of_sleeping(client):
+    queue = {"name": "q", "algorithm": "leaky_bucket", "rate": "1/4s", "burst": 1,
+             "path": "/hello/"}
+    with limited(queue, at=0.0) as limits:
+        started = time.monotonic()
+        assert [client.get("/hello/").status_code for _ in range(2)] == [200, 200]
+        assert limits.clock.now() == 4.0  # the second waited its turn on the test's clock
+        assert time.monotonic() - started < 2.0
+
+
+def test_an_invalid_policy_says_what_to_fix():
+    with pytest.raises(ValidationError, match="burst"):
+        limited({"name": "bad", "rate": "5/m", "algorithm": "fixed_window", "burst": 3}
+                ).__enter__()
+    with pytest.raises(ValueError, match=re.escape("'5 per minute' is not N/<unit>")):
+        limited({"name": "bad", "rate": "5 per minute"}).__enter__()
+
+
+@limited(LOGIN)
+def test_as_a_decorator(client):
+    assert _posts(client, 6) == [200] * 5 + [429]
+
+
+@limited(LOGIN)
+class TestAsAClassDecorator:
+    """Each test of a decorated class starts from zero counts."""
+
+    def test_first(self, client):
+        assert _posts(client, 6)[-1] == 429
+
+    def test_second(self, client):
+        assert _posts(client, 6)[-1] == 429
+
+
+def test_an_async_test(async_client):
+    @limited(LOGIN)
+    async def test():
+        return [(await async_client.post("/login/")).status_code for _ in range(6)]
+
+    assert async_to_sync(test)() == [200] * 5 + [429]
+
+
+def test_the_fixture_starts_with_no_policy_and_a_frozen_clock(client, ratelimits):
+    assert _posts(client, 8) == [200] * 8
+    before = ratelimits.clock.now()
+    assert ratelimits.clock.now() == before
+    ratelimits.use(LOGIN)
+    assert _posts(client, 6)[-1] == 429
+
+
+def test_a_clock_only_moves_forward():
+    with pytest.raises(ValueError, match="forward"):
+        Clock(0).advance(-1)
