@@ -23,6 +23,7 @@ from django.utils.safestring import mark_safe
 
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import charts, observe
+from ratelimits.pipeline.declared import CODE_FIELDS
 from ratelimits.receivers import schedule_policies_changed
 
 logger = logging.getLogger("ratelimits")
@@ -93,6 +94,27 @@ class PolicyAdmin(_ModelAdmin):
         ("When the store is unreachable", {"fields": ("on_error",)}),
         ("History", {"fields": ("created", "updated"), "classes": ("collapse",)}),
     )
+
+    def get_fieldsets(self, request: Any, obj: Policy | None = None) -> Any:
+        if obj is None or not obj.declared:
+            return self.fieldsets
+        note = ("Declared in code", {"fields": (), "description": (
+            "Declared in code with @ratelimit: the code sets its rate, key, methods and "
+            "views, so those are shown here read-only (change them in the code). Mode, "
+            "rollout, priority, what happens when the store is unreachable and the "
+            "overrides are yours.")})
+        return (note, *self.fieldsets)
+
+    def get_readonly_fields(self, request: Any, obj: Policy | None = None) -> Any:
+        if obj is None or not obj.declared:
+            return self.readonly_fields
+        return (*self.readonly_fields, "name", *CODE_FIELDS, "counting", "batch")
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        # a declared row comes back at the next start: switch it off instead
+        if obj is not None and obj.declared:
+            return False
+        return super().has_delete_permission(request, obj)
 
     def formfield_for_dbfield(self, db_field: Any, request: Any, **kwargs: Any) -> Any:
         # a positive integer field's form allows 0; these need 1, and say so once
@@ -227,6 +249,8 @@ class PolicyAdmin(_ModelAdmin):
     @admin.display(description="counts, on requests", ordering="key")
     def matches(self, obj: Policy) -> str:
         """Key, methods, path and DRF scope: "ip, on POST /api/login/ (scope uploads)"."""
+        if obj.declared:
+            return f"{obj.key}, on {obj.methods or 'any'} views with @ratelimit"
         text = f"{obj.key}, on {obj.methods or 'any'} {obj.path or '*'}"
         return f"{text} (scope {obj.scope})" if obj.scope else text
 

@@ -17,7 +17,7 @@ from ratelimits.pipeline.responses import decorate, rejection_response
 from ratelimits.pipeline.state import RequestState, state_for
 
 
-def _finish(request: Any, state: RequestState, response: Any) -> Any:
+def finish(request: Any, state: RequestState, response: Any) -> Any:
     """Headers now; concurrency slots when the response is finished.
 
     A streaming response is still running when it leaves the middleware, so its slots are
@@ -73,29 +73,29 @@ class RateLimitMiddleware:
         state = state_for(request)
         verdict = self._evaluate(request, state)
         if verdict is not None and not verdict.allowed:
-            return _finish(request, state, rejection_response(request, verdict))
+            return finish(request, state, rejection_response(request, verdict))
         if verdict is not None and verdict.delay > 0:
             verdict = evaluation.wait_turn(verdict)
             if not verdict.allowed:
-                return _finish(request, state, rejection_response(request, verdict))
+                return finish(request, state, rejection_response(request, verdict))
         try:
             response = self._after(request, state, self.get_response(request))
         except BaseException:
             evaluation.release(request, state)
             raise
-        return _finish(request, state, response)
+        return finish(request, state, response)
 
     async def __acall__(self, request: Any) -> Any:
         state = state_for(request)
         verdict = await sync_to_async(self._evaluate)(request, state)
         if verdict is not None and not verdict.allowed:
             response = await sync_to_async(rejection_response)(request, verdict)
-            return await sync_to_async(_finish)(request, state, response)
+            return await sync_to_async(finish)(request, state, response)
         if verdict is not None and verdict.delay > 0:
             verdict = await evaluation.await_turn(verdict)
             if not verdict.allowed:
                 response = await sync_to_async(rejection_response)(request, verdict)
-                return await sync_to_async(_finish)(request, state, response)
+                return await sync_to_async(finish)(request, state, response)
         try:
             response = await self.get_response(request)
             if state.deferred and not state.throttled:
@@ -103,4 +103,4 @@ class RateLimitMiddleware:
         except BaseException:
             await sync_to_async(evaluation.release)(request, state)
             raise
-        return await sync_to_async(_finish)(request, state, response)
+        return await sync_to_async(finish)(request, state, response)

@@ -167,6 +167,12 @@ class Policy(models.Model):
     priority = models.IntegerField(
         default=0, help_text="Higher first when several policies match (headers, logs)."
     )
+    declared = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Declared in code with @ratelimit: the code sets its rate, key and "
+        "methods; mode, rollout, on_error and overrides are yours.",
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.signals import request_finished, request_started
 from django.db import transaction
-from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 from django.dispatch import receiver
 
 from ratelimits.models import Override, Policy
@@ -94,3 +94,20 @@ def _on_request_finished(**kwargs: Any) -> None:
         for request in pending:
             release(request)
         pending.clear()
+
+
+@receiver(post_migrate, dispatch_uid="ratelimits.write_declared")
+def _write_declared(sender: Any, using: str | None = None, **kwargs: Any) -> None:
+    """After `migrate`, the limits declared in code are policy rows: the admin lists them
+    before the first request. Importing the URLconf imports the decorated views."""
+    if getattr(sender, "name", None) != "ratelimits":
+        return
+    from django.urls import get_resolver
+
+    from ratelimits.pipeline.declared import registry
+
+    try:
+        get_resolver().url_patterns  # noqa: B018  (the import is the point)
+    except Exception as exc:  # a broken URLconf is for runserver to report
+        logger.warning("ratelimits: could not import the URLconf to find @ratelimit (%s)", exc)
+    registry.write(force=True)

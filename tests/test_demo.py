@@ -68,7 +68,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
         ],
         demo_env,
     )
-    assert count.stdout.strip().splitlines()[-1] == "4"
+    assert count.stdout.strip().splitlines()[-1] == "5"  # and "quote", declared in code
 
 
 def test_demo_admin_prints_a_working_login(demo_env):
@@ -103,6 +103,9 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
         r = c.get("/hello/")
         print("retry", r.headers.get("Retry-After"), "ratelimit" in {k.lower() for k in r.headers})
         print("slow", c.get("/slow/").status_code)
+        print("quote", [c.get("/quote/").status_code for _ in range(4)])
+        from ratelimits.models import Policy
+        print("declared", list(Policy.objects.filter(declared=True).values_list("name", "mode")))
     """)
     out = run(["-c", script], {**demo_env, "DJANGO_ALLOWED_HOSTS": "testserver"})
     assert out.returncode == 0, out.stderr
@@ -114,6 +117,8 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
     retry, has_header = lines["retry"].split()
     assert int(retry) >= 1 and has_header == "True"
     assert lines["slow"] == "200"
+    assert lines["quote"] == "[200, 200, 200, 429]"
+    assert lines["declared"] == "[('quote', 'enforce')]"
 
 
 def test_demo_admin_prints_the_url_of_the_port_it_is_given(demo_env):

@@ -7,6 +7,14 @@ from django.shortcuts import render
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ratelimits.decorators import ratelimit
+
+QUOTES = [
+    "Measure twice, cut once.",
+    "Premature optimization is the root of all evil.",
+    "Make it work, make it right, make it fast.",
+]
+
 
 def index(request):
     return render(request, "demo/index.html")
@@ -20,6 +28,13 @@ def hello(request):
 def search(request):
     query = request.GET.get("q", "")
     return JsonResponse({"query": query, "results": [f"{query} {i}" for i in range(3)]})
+
+
+@ratelimit(name="quote", rate="3/10s", key="ip", algorithm="sliding_log")
+def quote(request):
+    """A limit declared in code: the admin lists it as policy "quote", declared in code."""
+    return HttpResponse(QUOTES[len(request.GET.get("n", "")) % len(QUOTES)] + "\n",
+                        content_type="text/plain")
 
 
 async def slow(request):

@@ -27,6 +27,7 @@ from ratelimits.conf import get_config
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
+from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.report import log_safe, log_unavailable, log_unexpected
@@ -281,11 +282,12 @@ def _read_version(config: Mapping[str, Any]) -> int | None:
 
 
 def throttle_decides(request: Any) -> bool:
-    """Whether this request goes to a DRF view whose `PolicyThrottle` will decide it: a
-    view with a `throttle_scope` that some policy is tied to. The middleware then leaves
-    the request to the throttle, which decides the unscoped and the scoped policies in one
-    call, after DRF has authenticated the user that `user` keys count. Cheap when no policy
-    has a scope (the URL is resolved only when one has)."""
+    """Whether this request goes to a view that decides it itself: a DRF view whose
+    `PolicyThrottle` will (its `throttle_scope` is some policy's scope), or a view with
+    `@ratelimit`. The middleware then leaves the request to it, which decides the unscoped
+    and the scoped policies in one call (for DRF, after it has authenticated the user that
+    `user` keys count). Cheap when no policy has a scope (the URL is resolved only when
+    one has)."""
     snap = resolver.snapshot()
     if not snap.scopes or not get_config()["ENABLED"]:
         return False
@@ -300,10 +302,24 @@ def throttle_decides(request: Any) -> bool:
         logger.exception("ratelimits: could not resolve %s to find its DRF view",
                          log_safe(base.path_info))
         return False
+    if _declared_scopes(view, base) & snap.scopes:
+        return True
     cls = getattr(view, "cls", None)  # DRF's as_view() keeps the view class there
     if getattr(cls, "throttle_scope", None) not in snap.scopes:
         return False
     return any(getattr(t, "decides_policies", False) for t in getattr(cls, "throttle_classes", ()))
+
+
+def _declared_scopes(view: Any, base: Any) -> frozenset[str]:
+    """The scopes of the `@ratelimit` limits on a view function, or on a class-based
+    view's `dispatch` or method handler (`method_decorator` copies the attribute)."""
+    scopes: frozenset[str] = getattr(view, SCOPES_ATTR, frozenset())
+    cls = getattr(view, "view_class", None)
+    if cls is not None:
+        for handler in (getattr(cls, "dispatch", None),
+                        getattr(cls, (base.method or "get").lower(), None)):
+            scopes = scopes | getattr(handler, SCOPES_ATTR, frozenset())
+    return scopes
 
 
 _COMMON = "django.middleware.common.CommonMiddleware"

@@ -25,6 +25,7 @@ from typing import Any
 from ratelimits.conf import get_config
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Limit
+from ratelimits.pipeline.declared import numbered, registry
 from ratelimits.pipeline.overrides import OverrideTable, Rule, parse_match
 from ratelimits.pipeline.state import process
 
@@ -216,8 +217,9 @@ def load_snapshot(version: int | None) -> Snapshot:
     by_policy: dict[int, list[Any]] = {}
     for override in overrides:
         by_policy.setdefault(override.policy_id, []).append(override)
+    rows += registry.write(rows)  # the code's declarations not in the table yet, or changed
     compiled = []
-    for policy in rows:
+    for policy in numbered(registry.compile_rows(rows)):
         if policy.mode == Mode.OFF:
             continue
         try:
@@ -232,12 +234,13 @@ def load_snapshot(version: int | None) -> Snapshot:
 def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
     """A snapshot of policies given in code (`ratelimits.testing`), never read from the
     database: dicts of `Policy` fields (`rate` may stand for limit and period, `mode` is
-    "enforce" unless given) or unsaved `Policy` objects, validated as the admin does."""
+    "enforce" unless given) or unsaved `Policy` objects, validated as the admin does;
+    with the limits declared in code, as their code gives them."""
     from ratelimits.models import Mode, Policy
     from ratelimits.rates import parse_rate
 
-    compiled = []
-    for i, given in enumerate(policies, 1):
+    rows = []
+    for given in policies:
         if isinstance(given, Policy):
             policy = given
         else:
@@ -247,10 +250,9 @@ def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
                 fields["limit"], fields["period"] = parse_rate(rate)
             policy = Policy(**fields)
         policy.full_clean(validate_unique=False)
-        if policy.pk is None:
-            policy.pk = -i  # never a saved row's
-        if policy.mode != Mode.OFF:
-            compiled.append(compile_policy(policy))
+        rows.append(policy)
+    compiled = [compile_policy(policy) for policy in numbered(registry.compile_rows(rows))
+                if policy.mode != Mode.OFF]
     return Snapshot(version=None, policies=tuple(sorted(compiled, key=_order)))
 
 

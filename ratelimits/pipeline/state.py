@@ -35,8 +35,9 @@ class RequestState:
     exempt: bool | None = None
     version_seen: bool = False
     middleware: bool = False
-    #: The middleware left this request to PolicyThrottle (one decision for the unscoped
-    #: and the view's scoped policies); `throttled`: the throttle did decide it.
+    #: The middleware left this request to the view's PolicyThrottle or @ratelimit (one
+    #: decision for the unscoped and the view's scoped policies); `throttled`: one of
+    #: them did decide it.
     deferred: bool = False
     throttled: bool = False
     #: RATELIMITS["TIER"]'s answer for this request, once asked (`tier_known`).

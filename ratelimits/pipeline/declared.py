@@ -1,0 +1,185 @@
+"""Limits declared in code (`@ratelimit`): each is a policy whose rate the code owns.
+
+A declaration becomes a `Policy` row marked `declared` the first time a process loads
+its snapshot with it (and at `migrate`), so the admin shows its counters, charts and
+offenders like any other and an operator can switch it to shadow or off, roll it out or
+add overrides without a deploy. Its rate (algorithm, limit, period, burst, cost, key,
+methods) stays what the running code says: the snapshot compiles the row with the
+code's figures laid over it, whatever the row holds.
+
+A declared policy applies to its decorated views only: its `scope` is `code:<name>`,
+which the decorator asks for (as `PolicyThrottle` asks for a view's `throttle_scope`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+
+logger = logging.getLogger("ratelimits")
+
+#: The prefix of a declared policy's scope.
+SCOPE_PREFIX = "code:"
+#: The attribute a decorated view carries: the scopes of its declared limits (the
+#: middleware leaves such a request to the decorator, see `evaluation.throttle_decides`).
+SCOPES_ATTR = "ratelimit_scopes"
+#: The fields the code owns; the operator owns the rest (mode after the first start,
+#: rollout, on_error, priority, description, overrides).
+CODE_FIELDS = ("algorithm", "limit", "period", "burst", "cost", "key", "methods", "path",
+               "scope")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One `@ratelimit`: a policy's fields as the code gives them."""
+
+    name: str
+    fields: tuple[tuple[str, Any], ...]  # CODE_FIELDS' values, then "mode"
+
+    @property
+    def scope(self) -> str:
+        return SCOPE_PREFIX + self.name
+
+    @property
+    def code(self) -> dict[str, Any]:
+        """The values of `CODE_FIELDS`."""
+        return {k: v for k, v in self.fields if k in CODE_FIELDS}
+
+    @property
+    def mode(self) -> str:
+        """The mode a new row starts in (later, the operator's)."""
+        return str(dict(self.fields)["mode"])
+
+    def policy(self, row: Any = None) -> Any:
+        """`row` with the code's figures laid over it, or a new unsaved policy."""
+        from ratelimits.models import Policy
+
+        if row is None:
+            row = Policy(name=self.name, mode=self.mode, declared=True)
+        for name, value in self.code.items():
+            setattr(row, name, value)
+        return row
+
+    def differs(self, row: Any) -> bool:
+        """Whether the row holds other figures than the code's."""
+        return any(getattr(row, k) != v for k, v in self.code.items()) or not row.declared
+
+
+class Registry:
+    """The declarations of this process, by name, and which were written to the table."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.declared: dict[str, Declaration] = {}
+        self._written: set[str] = set()
+
+    def declare(self, name: str, mode: str, **code: Any) -> Declaration:
+        """Register a declaration; ImproperlyConfigured when it is invalid or the same
+        name was declared with other figures (two views may share one declaration)."""
+        from ratelimits.models import Mode
+
+        code.setdefault("path", "*")
+        code["scope"] = SCOPE_PREFIX + name
+        if mode not in Mode.values:
+            raise ImproperlyConfigured(
+                f"@ratelimit(name={name!r}): mode {mode!r} is not one of "
+                f"{', '.join(Mode.values)}"
+            )
+        declaration = Declaration(name, (*((k, code[k]) for k in CODE_FIELDS), ("mode", mode)))
+        policy = declaration.policy()
+        try:
+            policy.full_clean(validate_unique=False)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items()
+            )
+            raise ImproperlyConfigured(f"@ratelimit(name={name!r}): {problems}") from None
+        # clean() normalises (methods "post" -> "POST"): keep what it made of them
+        declaration = Declaration(
+            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode))
+        )
+        with self._lock:
+            known = self.declared.get(name)
+            if known is not None and known != declaration:
+                raise ImproperlyConfigured(
+                    f"@ratelimit(name={name!r}) is declared twice with different figures "
+                    f"({dict(known.fields)} and {dict(declaration.fields)}): give each "
+                    "its own name, or the same figures to share one limit"
+                )
+            self.declared[name] = declaration
+        return declaration
+
+    def compile_rows(self, rows: list[Any]) -> list[Any]:
+        """The policies to compile for a snapshot: `rows` with each declared row given its
+        code's figures (a declared row no code declares any more is left out), and a new
+        unsaved policy for each declaration without a row (the write may have failed, or
+        the snapshot is a test's). Writes the rows that are missing or differ, once per
+        process per declaration."""
+        by_name = {row.name: row for row in rows}
+        out = []
+        for row in rows:
+            if not row.declared:
+                out.append(row)
+            elif row.name in self.declared:
+                out.append(self.declared[row.name].policy(row))
+        for declaration in self.declared.values():
+            row = by_name.get(declaration.name)
+            if row is None:
+                out.append(declaration.policy())  # unsaved: see `numbered`
+            elif not row.declared:
+                logger.error(
+                    "ratelimits: @ratelimit(name=%r): a policy of that name exists and was "
+                    "not declared in code, so the declaration has no row of its own (no "
+                    "admin, no overrides) and the two share counters; rename one of them",
+                    declaration.name,
+                )
+                out.append(declaration.policy())
+        return out
+
+    def write(self, rows: list[Any] | None = None, *, force: bool = False) -> list[Any]:
+        """Create or update the rows of this process's declarations (each at most once per
+        process unless `force`); returns the rows it created. A failure is logged."""
+        from ratelimits.models import Policy
+
+        with self._lock:
+            todo = [d for d in self.declared.values() if force or d.name not in self._written]
+            self._written.update(d.name for d in todo)
+        created: list[Any] = []
+        if not todo:
+            return created
+        try:
+            if rows is None:
+                rows = list(Policy.objects.filter(name__in=[d.name for d in todo]))
+            by_name = {row.name: row for row in rows}
+            for declaration in todo:
+                row = by_name.get(declaration.name)
+                if row is not None and not row.declared:
+                    continue  # an operator's policy of that name: compile_rows says so
+                if row is None or declaration.differs(row):
+                    policy = declaration.policy(row)
+                    policy.declared = True
+                    policy.save()
+                    if row is None:
+                        created.append(policy)
+        except Exception as exc:
+            logger.error("ratelimits: could not write the limits declared in code (%s); "
+                         "they apply with the code's figures meanwhile", exc)
+        return created
+
+    def forget_written(self) -> None:
+        with self._lock:
+            self._written.clear()
+
+
+def numbered(policies: list[Any]) -> list[Any]:
+    """`policies` with each unsaved one given an id no saved row has (negative)."""
+    for i, policy in enumerate((p for p in policies if p.pk is None), 1):
+        policy.pk = -i
+    return policies
+
+
+registry = Registry()
