@@ -127,7 +127,7 @@ def sliding_log_commit(s: Store, key: str, now: float, P: float, c: float, r: Ch
 
 
 def token_bucket_check(s: Store, key: str, now: float, L: float, P: float, B: float,
-                       c: float) -> Check:
+                       c: float, mw: float = 0.0) -> Check:
     state = s.get(key, now)
     tokens, ts = B, now
     if state is not None:
@@ -135,12 +135,14 @@ def token_bucket_check(s: Store, key: str, now: float, L: float, P: float, B: fl
         if now > ts:
             tokens = min(B, tokens + (now - ts) * L / P)
             ts = now
-    if tokens + TOKEN_EPS >= c:
+    if tokens + TOKEN_EPS + mw * L / P >= c:
+        # with a max_wait (mw, µs) the tokens may go below zero: a turn reserved ahead
         after = tokens - c
-        return (1, _floor0(after), math.ceil((B - after) * P / L), 0, 0,
+        delay = 0 if tokens + TOKEN_EPS >= c else math.ceil((c - tokens) * P / L)
+        return (1, _floor0(after), math.ceil((B - after) * P / L), 0, delay,
                             (after, ts))
     return (0, _floor0(tokens), math.ceil((B - tokens) * P / L),
-                        math.ceil((c - tokens) * P / L), 0, None)
+                        math.ceil((c - tokens) * P / L - mw), 0, None)
 
 
 def state_commit(s: Store, key: str, now: float, P: float, c: float, r: Check,
@@ -153,32 +155,76 @@ def state_commit(s: Store, key: str, now: float, P: float, c: float, r: Check,
 
 
 def leaky_bucket_check(s: Store, key: str, now: float, L: float, P: float, B: float,
-                       c: float) -> Check:
+                       c: float, mw: float = 0.0) -> Check:
     T = P / L
     tat = s.get(key, now)
     tat = now if tat is None or tat < now else tat
     wait = tat - now
-    if wait <= B * T + EPS:
+    if wait <= B * T + mw + EPS:  # a max_wait (mw, µs) lengthens the queue by that time
         after = tat + c * T
         return (1, _floor0((B * T - (after - now)) / T + 1),
                             math.ceil(after - now), 0, math.ceil(wait), after)
-    return (0, 0, math.ceil(wait), math.ceil(wait - B * T), 0, None)
+    return (0, 0, math.ceil(wait), math.ceil(wait - B * T - mw), 0, None)
 
 
 # -- gcra --------------------------------------------------------------------------------
 
 
 def gcra_check(s: Store, key: str, now: float, L: float, P: float, B: float,
-               c: float) -> Check:
+               c: float, mw: float = 0.0) -> Check:
     T = P / L
     tat = s.get(key, now)
     tat = now if tat is None or tat < now else tat
     new = tat + c * T
     allow_at = new - B * T
-    if now + EPS >= allow_at:
-        return (1, _floor0((now - allow_at) / T), math.ceil(new - now), 0, 0, new)
+    if now + EPS + mw >= allow_at:  # a max_wait (mw, µs): a turn reserved ahead
+        delay = 0 if now + EPS >= allow_at else math.ceil(allow_at - now)
+        return (1, _floor0((now - allow_at) / T), math.ceil(new - now), 0, delay, new)
     return (0, _floor0((B * T - (tat - now)) / T), math.ceil(tat - now),
-                        math.ceil(allow_at - now), 0, None)
+                        math.ceil(allow_at - now - mw), 0, None)
+
+
+# -- warm-up (token_bucket, gcra) ----------------------------------------------------------
+
+
+def warm_check(s: Store, key: str, now: float, L: float, P: float, B: float, c: float,
+               base: CheckFn, W: float, mw: float) -> Check:
+    """`base`'s check behind the warm-up gate (see `lua/prelude.lua` `warm_check`, its
+    twin): a cold client is paced, without burst, at an interval that falls from 3T to T
+    as it is used for W µs; idleness cools it again, fully after C = max(B, 1)T."""
+    r = base(s, key, now, L, P, B, c)
+    T = P / L
+    C = max(B, 1.0) * T
+    state = s.get(f"{key}:w", now)
+    n, w = (now, W) if state is None else state
+    if n < now:
+        w = min(W, w + (now - n) * W / C)
+        n = now
+    if w > 0:
+        gap = T * (1 + 2 * w / W)
+        if now + EPS + mw < n:  # paced: the gate refuses
+            horizon = math.ceil(n - now + (W - w) * C / W)
+            retry = math.ceil(n - now - mw)
+            return (0, 0, max(r[RESET_AFTER], horizon), max(r[RETRY_AFTER], retry), 0, None)
+        delay = math.ceil(n - now)
+        n2 = n + c * gap
+        w2 = max(0.0, w - c * gap)
+    else:
+        delay = 0
+        n2 = n + c * T
+        w2 = 0.0
+    horizon = math.ceil(n2 - now + (W - w2) * C / W)
+    if not r[ALLOWED]:
+        return (0, r[REMAINING], max(r[RESET_AFTER], horizon), r[RETRY_AFTER], 0, None)
+    return (1, 0 if w2 > 0 else r[REMAINING], max(r[RESET_AFTER], horizon), 0,
+            max(r[DELAY], delay), (r[STATE], n2, w2))
+
+
+def warm_commit(s: Store, key: str, now: float, P: float, c: float, r: Check, token: str,
+                base: CommitFn) -> None:
+    base_state, n2, w2 = r[STATE]
+    base(s, key, now, P, c, (r[0], r[1], r[2], r[3], r[4], base_state), token)
+    s.set(f"{key}:w", (n2, w2), now, r[RESET_AFTER])
 
 
 # -- concurrency -------------------------------------------------------------------------

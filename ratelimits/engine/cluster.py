@@ -31,6 +31,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL, US
 from ratelimits.engine.contract import (
@@ -45,7 +46,15 @@ from ratelimits.engine.contract import (
     slot_source,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
-from ratelimits.engine.keys import base_key, guaranteed, new_token, period_us, stats_key, to_us
+from ratelimits.engine.keys import (
+    base_key,
+    guaranteed,
+    new_token,
+    period_us,
+    state_keys,
+    stats_key,
+    to_us,
+)
 from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease, returned_units
 from ratelimits.engine.live import Heartbeat, live_source
 from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS
@@ -120,7 +129,7 @@ def _windows(prefix: str, limits: Sequence[Limit], now: float | None) -> list[st
     return out
 
 
-class ClusterEngine:
+class ClusterEngine(Acquiring):
     """Same API as `RedisEngine`, on a `redis.cluster.RedisCluster` client. Thread-safe.
 
     Time: each slot's script reads its own node's clock (`TIME`) unless `evaluate()` is
@@ -626,17 +635,16 @@ class ClusterEngine:
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
         key = base_key(self.prefix, limit)
-        if not REGISTRY[limit.algorithm].windowed:
-            self._guard(lambda: self.client.delete(key))
-            return
-        if now is None:
+
+        def now_us() -> int:
+            if now is not None:
+                return to_us(now)
             node = self.client.get_node_from_key(key)
             seconds, micros = self._guard(self.client.get_redis_connection(node).time)
-            now_us = seconds * US + micros
-        else:
-            now_us = to_us(now)
-        win = math.floor(now_us / period_us(limit))
-        self._guard(lambda: self.client.delete(key, f"{key}:{win}", f"{key}:{win - 1}"))
+            return int(seconds) * US + int(micros)
+
+        keys = state_keys(self.prefix, limit, now_us)
+        self._guard(lambda: self.client.delete(*keys))
 
     # -- leases (see engine/lease.py) -------------------------------------------------
 

@@ -26,7 +26,8 @@ US = constants.US
 #: ('' = no counters).
 HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
 #: ARGV per limit, in this order; KEYS holds one base key per limit.
-LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "name", "who")
+LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "name", "who",
+              "warmup_us", "wait_us")
 #: After the limits, each count the process tallied alone (`tally`) rides in this order:
 #: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
 CARRY_ARGS = ("kind", "name", "at", "what", "n")
@@ -114,7 +115,7 @@ def _charging_source(entry: str) -> str:
             "-- generated from ratelimits/engine/contract.py",
             lua_constants(),
             (lua / "prelude.lua").read_text("utf-8"),
-            _dispatcher("check", "key, now, L, P, B, c",
+            _dispatcher("check", "key, now, L, P, B, c, mw",
                         {name: b[0] for name, b in bodies.items()}),
             _dispatcher("commit", "key, now, L, P, B, c, r, token",
                         {name: b[1] for name, b in bodies.items()}),
@@ -202,6 +203,8 @@ def encode(
             1 if limit.shadow else 0,
             limit.name,
             limit.key[: constants.OFFENDER_CHARS].encode("utf-8", "surrogatepass"),
+            to_us(limit.warmup),
+            to_us(limit.max_wait),
         )
     return keys, args, token
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ratelimits.engine import lease
+from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.keys import to_us
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
@@ -141,7 +142,7 @@ def _same_client(a: Limit, b: Limit) -> bool:
     return a.name == b.name and a.key == b.key
 
 
-class Frontline:
+class Frontline(Acquiring):
     """A store engine with the decisions a process can make alone in front of it.
 
     Same API as the engine it wraps (`store`); `evaluate()` answers a remembered refusal

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import os
 import threading
+from collections.abc import Callable
 from functools import lru_cache
 
 from ratelimits.engine.constants import (
@@ -36,6 +37,7 @@ __all__ = [
     "offender_errors_key",
     "offenders_key",
     "period_us",
+    "state_keys",
     "stats_key",
     "to_us",
 ]
@@ -51,6 +53,20 @@ def _base_key(prefix: str, name: str, key: str, algorithm: str) -> str:
     raw = name.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
     digest = base64.urlsafe_b64encode(hashlib.blake2b(raw, digest_size=12).digest())
     return f"{prefix}{{{digest.decode('ascii')}}}:{REGISTRY[algorithm].code}"
+
+
+def state_keys(prefix: str, limit: Limit, now_us: Callable[[], int]) -> list[str]:
+    """Every key holding one client's state under `limit`: the base key, a window
+    algorithm's current and previous windows (`now_us` is asked only then), the warm-up's
+    state. What `reset()` deletes."""
+    key = base_key(prefix, limit)
+    keys = [key]
+    if REGISTRY[limit.algorithm].windowed:
+        win = now_us() // period_us(limit)
+        keys += [f"{key}:{win}", f"{key}:{win - 1}"]
+    if limit.warmup:
+        keys.append(f"{key}:w")
+    return keys
 
 
 def stats_key(prefix: str, name: str, minute: int) -> str:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.algorithms import (
     ALLOWED,
     DELAY,
@@ -26,6 +28,8 @@ from ratelimits.engine.algorithms import (
     CheckFn,
     CommitFn,
     member,
+    warm_check,
+    warm_commit,
 )
 from ratelimits.engine.constants import (
     OFFENDER_CHARS,
@@ -41,6 +45,7 @@ from ratelimits.engine.keys import (
     new_token,
     offenders_key,
     period_us,
+    state_keys,
     stats_key,
     to_us,
 )
@@ -162,7 +167,20 @@ def charge(
     return True, checks, allowed, token
 
 
-class MemoryEngine:
+def waiting_and_warm(check: CheckFn, commit: CommitFn, limit: Limit
+                     ) -> tuple[CheckFn, CommitFn]:
+    """An algorithm's functions with the limit's `max_wait` and `warmup` bound in."""
+    mw = float(to_us(limit.max_wait))
+    if mw:
+        check = functools.partial(check, mw=mw)  # type: ignore[call-arg]
+    if limit.warmup:
+        check = functools.partial(warm_check, base=check, W=float(to_us(limit.warmup)),
+                                  mw=mw)
+        commit = functools.partial(warm_commit, base=commit)
+    return check, commit
+
+
+class MemoryEngine(Acquiring):
     """Same `evaluate` as `RedisEngine`, with the state in this process. Thread-safe."""
 
     def __init__(self, *, prefix: str = "rl:", version_key: str | None = None) -> None:
@@ -252,10 +270,13 @@ class MemoryEngine:
     def prepare(self, limit: Limit) -> Prepared:
         """A limit made ready for `evaluate()` and `decide()`: key hashed, figures converted."""
         spec = REGISTRY[limit.algorithm]
+        check, commit = spec.check, spec.commit
+        if limit.max_wait or limit.warmup:  # bound here: the plain checks stay as fast
+            check, commit = waiting_and_warm(check, commit, limit)
         return Prepared(
             base_key(self.prefix, limit),
-            spec.check,
-            spec.commit,
+            check,
+            commit,
             float(limit.limit),
             float(period_us(limit)),
             float(spec.burst_of(limit)),
@@ -349,14 +370,10 @@ class MemoryEngine:
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
-        key = base_key(self.prefix, limit)
+        keys = state_keys(self.prefix, limit, lambda: to_us(time.time() if now is None else now))
         with self._lock:
-            self._store.delete(key)
-            if REGISTRY[limit.algorithm].windowed:
-                now_us = to_us(time.time() if now is None else now)
-                win = math.floor(now_us / period_us(limit))
-                self._store.delete(f"{key}:{win}")
-                self._store.delete(f"{key}:{win - 1}")
+            for key in keys:
+                self._store.delete(key)
 
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another `period` from now.

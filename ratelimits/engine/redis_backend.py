@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
+from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.contract import (
@@ -27,6 +27,7 @@ from ratelimits.engine.keys import (
     offender_errors_key,
     offenders_key,
     period_us,
+    state_keys,
     stats_key,
     to_us,
 )
@@ -38,7 +39,6 @@ from ratelimits.engine.lease import (
     returned_units,
 )
 from ratelimits.engine.live import Heartbeat, live_source
-from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 
@@ -53,7 +53,7 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-class RedisEngine:
+class RedisEngine(Acquiring):
     """Decide requests atomically in Redis; safe to share between threads.
 
     `client` is a redis-py client (django-redis's `get_redis_connection()` hands one
@@ -298,18 +298,13 @@ class RedisEngine:
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
-        key = base_key(self.prefix, limit)
-        if not REGISTRY[limit.algorithm].windowed:
-            self.client.delete(key)
-            return
-        if now is None:
-            seconds, micros = self.client.time()
-            now_us = seconds * US + micros
-        else:
-            now_us = to_us(now)
-        win = math.floor(now_us / period_us(limit))
-        self.client.delete(key, f"{key}:{win}", f"{key}:{win - 1}")
+        self.client.delete(*state_keys(self.prefix, limit, lambda: self._now_us(now)))
 
+    def _now_us(self, now: float | None) -> int:
+        if now is not None:
+            return to_us(now)
+        seconds, micros = self.client.time()
+        return int(seconds) * US + int(micros)
 
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another `period` from now.

@@ -50,6 +50,11 @@ class Algorithm:
     #: the window's end. A refilling bucket, GCRA or a log would forget an early charge
     #: sooner than the spend it stands for, and admit more than the limit.
     leasable: bool = False
+    #: Can promise a future turn (`max_wait`): its state is a time or a level that a
+    #: charge moves ahead, so a request admitted early is a turn reserved, never an extra.
+    reserves: bool = False
+    #: Takes a `warmup` (a cold client starts at a third of the rate, without burst).
+    warms: bool = False
 
     @property
     def label(self) -> str:
@@ -96,11 +101,13 @@ REGISTRY: dict[str, Algorithm] = {
         Algorithm("sliding_log", "sl", "sliding_log.lua",
                   a.sliding_log_check, a.sliding_log_commit, stores_members=True),
         Algorithm("token_bucket", "tb", "token_bucket.lua",
-                  a.token_bucket_check, a.state_commit, has_burst=True),
+                  a.token_bucket_check, a.state_commit, has_burst=True, reserves=True,
+                  warms=True),
         Algorithm("leaky_bucket", "lb", "leaky_bucket.lua",
                   a.leaky_bucket_check, a.state_commit, has_burst=True, default_burst=0,
-                  delays=True),
-        Algorithm("gcra", "g", "gcra.lua", a.gcra_check, a.state_commit, has_burst=True),
+                  delays=True, reserves=True),
+        Algorithm("gcra", "g", "gcra.lua", a.gcra_check, a.state_commit, has_burst=True,
+                  reserves=True, warms=True),
         Algorithm("concurrency", "c", "concurrency.lua",
                   a.concurrency_check, a.concurrency_commit, stores_members=True,
                   holds_slots=True, replayable=False),
@@ -113,6 +120,10 @@ ALGORITHMS: tuple[str, ...] = tuple(REGISTRY)
 BURST_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.has_burst)
 #: Those that take a `batch` (see `Algorithm.leasable`).
 LEASABLE_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.leasable)
+#: Those that take a `max_wait` (see `Algorithm.reserves`).
+WAITING_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.reserves)
+#: Those that take a `warmup`.
+WARMUP_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.warms)
 
 
 def algorithm(name: str) -> Algorithm:

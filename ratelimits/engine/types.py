@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from ratelimits.engine.algorithms import member
@@ -11,6 +12,8 @@ from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
     LEASABLE_ALGORITHMS,
     REGISTRY,
+    WAITING_ALGORITHMS,
+    WARMUP_ALGORITHMS,
     Algorithm,
 )
 
@@ -31,6 +34,11 @@ class Limit:
     Both are hashed into fixed-length key parts, so any content and length is safe.
     `batch`: units a process may take from the store at once and spend locally (a lease;
     None: every request goes to the store); only for `LEASABLE_ALGORITHMS`.
+    `max_wait`: seconds a request may wait for its turn: one whose turn comes within it
+    is admitted now, charged, with `Result.delay` saying how long to wait (a
+    reservation); only for `WAITING_ALGORITHMS`. `warmup`: seconds of use over which a
+    cold client's rate rises from a third of the limit to all of it, without burst
+    meanwhile (Guava's SmoothWarmingUp); only for `WARMUP_ALGORITHMS`.
     """
 
     key: str
@@ -42,6 +50,8 @@ class Limit:
     shadow: bool = False
     name: str = ""
     batch: int | None = None
+    max_wait: float = 0.0
+    warmup: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algorithm not in REGISTRY:
@@ -62,24 +72,44 @@ class Limit:
                 )
             if not isinstance(self.burst, int) or isinstance(self.burst, bool) or self.burst < 0:
                 raise ValueError(f"burst must be a non-negative integer, got {self.burst!r}")
-        if self.batch is not None:
-            if not self.spec.leasable:
-                raise ValueError(
-                    f"batch applies only to {' and '.join(LEASABLE_ALGORITHMS)}, not to "
-                    f"{self.algorithm}: {_NO_LEASE}"
-                )
-            if not isinstance(self.batch, int) or isinstance(self.batch, bool) or not (
-                self.cost <= self.batch <= self.limit
-            ):
-                raise ValueError(
-                    f"batch must be an integer from the cost ({self.cost}) to the limit "
-                    f"({self.limit}), got {self.batch!r}"
-                )
+        self._check_batch()
+        self._check_waits()
         if self.cost > self.capacity:
             raise ValueError(
                 f"cost {self.cost} exceeds the capacity {self.capacity} of this limit: "
                 "no request could ever pass; lower the cost or raise the limit/burst"
             )
+
+    def _check_batch(self) -> None:
+        if self.batch is None:
+            return
+        if not self.spec.leasable:
+            raise ValueError(
+                f"batch applies only to {' and '.join(LEASABLE_ALGORITHMS)}, not to "
+                f"{self.algorithm}: {_NO_LEASE}"
+            )
+        if not isinstance(self.batch, int) or isinstance(self.batch, bool) or not (
+            self.cost <= self.batch <= self.limit
+        ):
+            raise ValueError(
+                f"batch must be an integer from the cost ({self.cost}) to the limit "
+                f"({self.limit}), got {self.batch!r}"
+            )
+
+    def _check_waits(self) -> None:
+        for name, allowed, what in (
+            ("max_wait", self.spec.reserves, WAITING_ALGORITHMS),
+            ("warmup", self.spec.warms, WARMUP_ALGORITHMS),
+        ):
+            seconds = getattr(self, name)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+                0 <= seconds < math.inf
+            ):
+                raise ValueError(f"{name} must be a number of seconds of at least 0, "
+                                 f"got {seconds!r}")
+            if seconds and not allowed:
+                raise ValueError(f"{name} applies only to {', '.join(what)}, not to "
+                                 f"{self.algorithm}")
 
     @property
     def spec(self) -> Algorithm:

@@ -243,6 +243,17 @@ def test_reset_forgets_one_client_on_its_node(client, engine):
     assert engine.evaluate([limit], now=T0 + 2).allowed
 
 
+def test_warm_up_lives_beside_its_key_and_is_reset_with_it(client, engine):
+    limit = Limit("ip:2", "gcra", 1, 1, burst=2, warmup=4, name="w")
+    assert engine.evaluate([limit], now=T0).allowed
+    assert not engine.evaluate([limit], now=T0 + 1).allowed  # paced: a third of the rate
+    for at in (3, 4.5, 4.5):  # warm, then the burst
+        assert engine.evaluate([limit], now=T0 + at).allowed
+    engine.reset(limit, now=T0 + 6.5)
+    assert engine.evaluate([limit], now=T0 + 6.5).allowed
+    assert not engine.evaluate([limit], now=T0 + 6.5).allowed  # cold again
+
+
 # -- eight processes racing -------------------------------------------------------------
 
 

@@ -97,6 +97,98 @@ SCENARIOS = {
             ((0.142858, 1), (False, 0, 0.142857, 0)),
         ],
     ),
+    # Warm-up (T = 1 s, burst 3 so C = 3 s, W = 6 s). A cold client is paced without
+    # burst, each request's gap 1 + 2w/W seconds for the warm-up w still to go, which the
+    # request uses up: gaps of 3 s, 2 s, then warm (w - gap <= 0), with the full rate and
+    # the burst the algorithm saved meanwhile.
+    "gcra warm-up from cold": (
+        Limit("c", "gcra", 1, 1, burst=3, warmup=6),
+        [
+            ((0.0, 1), (True, 0, 0, 0)),  # gap 3: next at 3, w 3
+            ((1.0, 1), (False, 0, 2.0, 0)),  # paced at a third of the rate
+            ((3.0, 1), (True, 0, 0, 0)),  # gap 2: next at 5, w 1
+            ((4.0, 1), (False, 0, 1.0, 0)),
+            ((5.0, 1), (True, 2, 0, 0)),  # warm: gcra's own figures again
+            ((5.0, 1), (True, 1, 0, 0)),  # and its burst
+            ((5.0, 1), (True, 0, 0, 0)),
+            ((5.0, 1), (False, 0, 1.0, 0)),  # refused by gcra, not by the warm-up
+        ],
+    ),
+    # Idleness cools a client again (W = 4 s, C = 2 s): 1.5 s idle after its last turn
+    # (6.5) gives back 3 s of warm-up, a gap of 2.5 s; 2 s idle makes it cold.
+    "gcra warm-up cools when idle": (
+        Limit("c", "gcra", 1, 1, burst=2, warmup=4),
+        [
+            ((0.0, 1), (True, 0, 0, 0)),  # gap 3
+            ((3.0, 1), (True, 1, 0, 0)),  # gap 1.5 uses the last 1 s of warm-up: warm
+            ((4.5, 1), (True, 1, 0, 0)),
+            ((4.5, 1), (True, 0, 0, 0)),  # the last turn: 5.5 to 6.5
+            ((8.0, 1), (True, 0, 0, 0)),  # w 3: gap 2.5, 0.5 s of warm-up left
+            ((9.0, 1), (False, 0, 1.5, 0)),
+            ((10.5, 1), (True, 1, 0, 0)),  # gap 1.25: warm
+            ((10.5, 1), (True, 0, 0, 0)),  # the last turn: 11.75 to 12.75
+            ((14.75, 1), (True, 0, 0, 0)),  # 2 s idle: cold, gap 3
+            ((15.75, 1), (False, 0, 2.0, 0)),
+        ],
+    ),
+    # The same rule on a token bucket: its tokens refill while the warm-up paces.
+    "token_bucket warm-up from cold": (
+        Limit("c", "token_bucket", 1, 1, burst=2, warmup=4),
+        [
+            ((0.0, 1), (True, 0, 0, 0)),
+            ((1.0, 1), (False, 0, 2.0, 0)),
+            ((3.0, 1), (True, 1, 0, 0)),  # warm, and the bucket is full again
+            ((3.0, 1), (True, 0, 0, 0)),
+            ((3.0, 1), (False, 0, 1.0, 0)),
+        ],
+    ),
+    # max_wait 0.25 s at 10/s without burst: a turn within 0.25 s is admitted now with its
+    # wait as the delay (a reservation); one further ahead is refused until it is within.
+    "gcra max_wait reserves turns": (
+        Limit("c", "gcra", 10, 1, burst=1, max_wait=0.25),
+        [
+            ((0.0, 1), (True, 0, 0, 0)),
+            ((0.0, 1), (True, 0, 0, 0.1)),
+            ((0.0, 1), (True, 0, 0, 0.2)),
+            ((0.0, 1), (False, 0, 0.05, 0)),  # its turn, 0.3, is 0.05 s beyond the wait
+            ((0.05, 1), (True, 0, 0, 0.25)),
+            ((0.05, 1), (False, 0, 0.1, 0)),  # the turns up to 0.4 are all taken
+        ],
+    ),
+    # A token bucket borrows against its refill: tokens go below zero by at most what
+    # max_wait refills (0.3 s at 10/s = 3), each borrowed token a 0.1 s later turn.
+    "token_bucket max_wait borrows ahead": (
+        Limit("c", "token_bucket", 10, 1, burst=2, max_wait=0.3),
+        [
+            ((0.0, 1), (True, 1, 0, 0)),
+            ((0.0, 1), (True, 0, 0, 0)),
+            ((0.0, 1), (True, 0, 0, 0.1)),
+            ((0.0, 1), (True, 0, 0, 0.2)),
+            ((0.0, 1), (True, 0, 0, 0.3)),
+            ((0.0, 1), (False, 0, 0.1, 0)),
+            ((1.0, 2), (True, 0, 0, 0)),  # paid back: 7 refilled, capped at 2
+        ],
+    ),
+    # A leaky bucket's queue grows by max_wait: burst 1 (0.1 s) + 0.2 s.
+    "leaky_bucket max_wait lengthens the queue": (
+        Limit("c", "leaky_bucket", 10, 1, burst=1, max_wait=0.2),
+        [
+            ((0.0, 1), (True, 1, 0, 0)),
+            ((0.0, 1), (True, 0, 0, 0.1)),
+            ((0.0, 1), (True, 0, 0, 0.2)),
+            ((0.0, 1), (True, 0, 0, 0.3)),
+            ((0.0, 1), (False, 0, 0.1, 0)),
+        ],
+    ),
+    # Warm-up with max_wait: a paced turn within the wait is reserved, not refused.
+    "gcra warm-up with max_wait": (
+        Limit("c", "gcra", 1, 1, burst=2, warmup=4, max_wait=2),
+        [
+            ((0.0, 1), (True, 0, 0, 0)),  # paced: the next turn at 3
+            ((0.5, 1), (False, 0, 0.5, 0)),  # 2.5 s away: beyond the wait by 0.5 s
+            ((1.0, 1), (True, 1, 0, 2.0)),  # within it: admitted, to wait 2 s
+        ],
+    ),
     # Two in flight at most; entries that are never released expire after the period.
     "concurrency expiry": (
         Limit("c", "concurrency", 2, 30),

@@ -41,7 +41,7 @@ def test_the_script_obeys_a_changed_constant(redis_client, monkeypatch):
 def test_encode_puts_each_value_where_its_name_says():
     limits = [
         Limit("10.0.0.1", "sliding_log", 5, 60, cost=2, name="a"),
-        Limit("x" * 500, "leaky_bucket", 9, 1.5, shadow=True, name="b"),
+        Limit("x" * 500, "leaky_bucket", 9, 1.5, shadow=True, name="b", max_wait=0.25),
     ]
     keys, args, token = encode(limits, prefix="rl:", now=T0, version_key="v", stats=True)
     assert keys == [base_key("rl:", lim) for lim in limits]
@@ -53,7 +53,8 @@ def test_encode_puts_each_value_where_its_name_says():
     second = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + len(LIMIT_ARGS):], strict=True))
     assert second == {"algorithm": "leaky_bucket", "limit": 9, "period_us": 1_500_000,
                       "burst": 0, "cost": 1, "shadow": 1, "name": "b",
-                      "who": b"x" * constants.OFFENDER_CHARS}
+                      "who": b"x" * constants.OFFENDER_CHARS, "warmup_us": 0,
+                      "wait_us": 250_000}
 
 
 def test_no_token_is_drawn_when_no_limit_names_members():

@@ -26,7 +26,13 @@ def limits(draw):
         # a queue may be empty; a bucket of capacity 0 could admit nothing
         burst = draw(st.integers(0 if spec.delays else 1, 25))
     shadow = draw(st.booleans())
-    return Limit("k", algorithm, limit, period, burst=burst, shadow=shadow)
+    max_wait = warmup = 0.0
+    if spec.reserves and draw(st.booleans()):
+        max_wait = draw(st.sampled_from([0.001, 0.05, 0.3, 1.0, 7.5]))
+    if spec.warms and draw(st.booleans()):
+        warmup = draw(st.sampled_from([0.01, 0.5, 3, 60]))
+    return Limit("k", algorithm, limit, period, burst=burst, shadow=shadow,
+                 max_wait=max_wait, warmup=warmup)
 
 
 @st.composite

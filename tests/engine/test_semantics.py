@@ -162,6 +162,18 @@ def test_reset_forgets_one_client(engine):
     assert engine.evaluate([limit], now=T0).allowed
 
 
+def test_reset_makes_a_warm_client_cold_again(engine):
+    limit = Limit("c", "gcra", 1, 1, burst=2, warmup=4, name="p")
+    for at in (0, 3, 4.5):  # paced at 3 s, then 1.5 s, then warm
+        assert engine.evaluate([limit], now=T0 + at).allowed
+    assert engine.evaluate([limit], now=T0 + 5).allowed  # warm: the burst
+    engine.reset(limit, now=T0 + 6.5)
+    assert engine.evaluate([limit], now=T0 + 6.5).allowed
+    # cold again: paced at 3 s, though gcra alone would admit the burst
+    refused = engine.evaluate([limit], now=T0 + 6.5)
+    assert not refused.allowed and refused.results[0].retry_after == 3.0
+
+
 def test_offenders_count_refusals_and_would_be_refusals_per_hour(engine):
     enforced = Limit("", "fixed_window", 1, 60, name="login")
     shadow = Limit("", "fixed_window", 1, 60, shadow=True, name="login-shadow")

@@ -14,6 +14,14 @@ from ratelimits.engine import Limit
         ({"burst": 5}, "burst applies only to"),
         ({"cost": 11}, "exceeds the capacity"),
         ({"algorithm": "gcra", "burst": 3, "cost": 4}, "exceeds the capacity"),
+        ({"max_wait": 1}, "max_wait applies only to token_bucket, leaky_bucket, "
+                          "gcra, not to fixed_window"),
+        ({"algorithm": "leaky_bucket", "warmup": 30},
+         "warmup applies only to token_bucket, gcra, not to leaky_bucket"),
+        ({"algorithm": "gcra", "max_wait": -1}, "max_wait must be a number of seconds"),
+        ({"algorithm": "gcra", "warmup": float("inf")}, "warmup must be a number"),
+        ({"algorithm": "gcra", "warmup": float("nan")}, "warmup must be a number"),
+        ({"algorithm": "gcra", "max_wait": "2"}, "max_wait must be a number"),
     ],
 )
 def test_invalid_limits_are_refused_with_a_clear_message(kwargs, message):

@@ -5,12 +5,12 @@ local T = P / L
 local tat = tonumber(redis.call('GET', key)) or now
 if tat < now then tat = now end
 local wait = tat - now
-if wait <= B * T + EPS then
+if wait <= B * T + mw + EPS then  -- a max_wait (mw) lengthens the queue by that time
   local after = tat + c * T
   return {1, floor0((B * T - (after - now)) / T + 1), math.ceil(after - now), 0,
           math.ceil(wait), after}
 end
-return {0, 0, math.ceil(wait), math.ceil(wait - B * T), 0}
+return {0, 0, math.ceil(wait), math.ceil(wait - B * T - mw), 0}
 --[[commit]]
 redis.call('SET', key, fmt(r[6]), 'PX', ttl_ms(r[3]))
 --[[refund]]

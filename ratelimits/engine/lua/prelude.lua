@@ -4,9 +4,11 @@
 -- Each algorithm file holds two bodies, after the markers --[[check]] and --[[commit]].
 -- The loader (contract.batch_source) places them as branches of the check() and
 -- commit() dispatchers, so a call builds two closures rather than one per algorithm.
--- check(key, now, L, P, B, c) returns {allowed, remaining, reset_after, retry_after,
+-- check(key, now, L, P, B, c, mw) returns {allowed, remaining, reset_after, retry_after,
 -- delay, state...} and never writes (pruning expired entries aside); commit(..., r,
 -- token) writes, only when the whole request is admitted and this limit admitted it.
+-- mw is the limit's max_wait in µs: the algorithms that reserve a future turn admit a
+-- request whose turn comes within it, with that delay.
 
 -- The constants (US, EPS, TOKEN_EPS, FLOOR_EPS, STATS_TTL, OFFENDERS_TTL, OFFENDERS,
 -- CONCURRENCY_RETRY) and the argument offsets are generated above this file from
@@ -66,4 +68,48 @@ local function offend(key, who, n)
     redis.call('HSET', errors, who, floor)
     redis.call('EXPIRE', errors, OFFENDERS_TTL, 'NX')
   end
+end
+
+-- Warm-up (token_bucket, gcra), the twin of algorithms.warm_check: a gate on top of the
+-- algorithm's own check, with its state at <key>:w: n, the earliest time the next unit
+-- may pass, and w, the warm-up still to go (µs, 0..W). A cold client is paced without
+-- burst at an interval falling from 3T to T as it is used for W; idleness cools it
+-- again, fully after C = max(B, 1) T. r is the algorithm's check, changed in place.
+local function warm_check(key, now, L, P, B, c, W, mw, r)
+  local T = P / L
+  local C = math.max(B, 1) * T
+  local s = redis.call('HMGET', key .. ':w', 'n', 'w')
+  local n, w = now, W
+  if s[1] then n, w = tonumber(s[1]), tonumber(s[2]) end
+  if n < now then
+    w = math.min(W, w + (now - n) * W / C)
+    n = now
+  end
+  local delay, n2, w2 = 0, 0, 0
+  if w > 0 then
+    local gap = T * (1 + 2 * w / W)
+    if now + EPS + mw < n then  -- paced: the gate refuses
+      local horizon = math.ceil(n - now + (W - w) * C / W)
+      return {0, 0, math.max(r[3], horizon), math.max(r[4], math.ceil(n - now - mw)), 0}
+    end
+    delay = math.ceil(n - now)
+    n2 = n + c * gap
+    w2 = math.max(0, w - c * gap)
+  else
+    n2 = n + c * T
+  end
+  local horizon = math.ceil(n2 - now + (W - w2) * C / W)
+  if r[1] == 0 then
+    return {0, r[2], math.max(r[3], horizon), r[4], 0}
+  end
+  if w2 > 0 then r[2] = 0 end
+  r[3] = math.max(r[3], horizon)
+  r[5] = math.max(r[5], delay)
+  r.wn, r.ww = n2, w2
+  return r
+end
+
+local function warm_commit(key, r)
+  redis.call('HSET', key .. ':w', 'n', fmt(r.wn), 'w', fmt(r.ww))
+  redis.call('PEXPIRE', key .. ':w', ttl_ms(r[3]))
 end

@@ -9,11 +9,15 @@ if s[1] then
     ts = now
   end
 end
-if tokens + TOKEN_EPS >= c then
+if tokens + TOKEN_EPS + mw * L / P >= c then
+  -- with a max_wait (mw) the tokens may go below zero: a turn reserved ahead
   local after = tokens - c
-  return {1, floor0(after), math.ceil((B - after) * P / L), 0, 0, after, ts}
+  local delay = 0
+  if tokens + TOKEN_EPS < c then delay = math.ceil((c - tokens) * P / L) end
+  return {1, floor0(after), math.ceil((B - after) * P / L), 0, delay, after, ts}
 end
-return {0, floor0(tokens), math.ceil((B - tokens) * P / L), math.ceil((c - tokens) * P / L), 0}
+return {0, floor0(tokens), math.ceil((B - tokens) * P / L),
+        math.ceil((c - tokens) * P / L - mw), 0}
 --[[commit]]
 redis.call('HSET', key, 't', fmt(r[6]), 'ts', fmt(r[7]))
 redis.call('PEXPIRE', key, ttl_ms(r[3]))
