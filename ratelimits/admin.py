@@ -88,7 +88,8 @@ class PolicyAdmin(_ModelAdmin):
     inlines = (OverrideInline,)
     fieldsets = (
         (None, {"fields": ("name", "description", "mode", "rollout", "priority")}),
-        ("Rate", {"fields": ("algorithm", "limit", "period", "burst", "cost")}),
+        ("Rate", {"fields": ("algorithm", "limit", "period", "burst", "cost", "max_wait",
+                             "warmup")}),
         ("Counting", {"fields": ("counting", "batch")}),
         ("Which requests", {"fields": ("key", "path", "methods", "scope")}),
         ("When the store is unreachable", {"fields": ("on_error",)}),

@@ -45,12 +45,15 @@ def ratelimit(
     mode: str = "enforce",
     burst: int | None = None,
     cost: int = 1,
+    max_wait: float = 0,
+    warmup: int = 0,
 ) -> Callable[[F], F]:
     """Limit the decorated view to `rate` ("5/m", "100/10m", "1000/h") per `key`.
 
     `name` names the policy (in the admin, logs and headers); `methods` limits only
     those methods (empty: all); `mode` is the policy's mode when it is first created:
-    "enforce", "shadow" or "off" (an operator may change it later in the admin).
+    "enforce", "shadow" or "off" (an operator may change it later in the admin);
+    `burst`, `cost`, `max_wait` and `warmup` are the policy fields of those names.
     A mistake raises ImproperlyConfigured when the module is imported.
     """
     from django.core.exceptions import ImproperlyConfigured
@@ -63,7 +66,7 @@ def ratelimit(
         methods = ",".join(methods)
     declaration = registry.declare(
         name, mode, algorithm=algorithm, limit=limit, period=period, burst=burst, cost=cost,
-        key=key, methods=methods,
+        max_wait=max_wait, warmup=warmup, key=key, methods=methods,
     )
     scope = declaration.scope
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -9,7 +10,12 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from ratelimits.engine.registry import BURST_ALGORITHMS, REGISTRY
+from ratelimits.engine.registry import (
+    BURST_ALGORITHMS,
+    REGISTRY,
+    WAITING_ALGORITHMS,
+    WARMUP_ALGORITHMS,
+)
 from ratelimits.engine.types import Limit
 
 _METHOD = re.compile(r"^[A-Z]+$")
@@ -26,6 +32,8 @@ _LIMIT_ERROR_FIELDS = (
     ("period must", "period"),
     ("burst", "burst"),
     ("batch", "batch"),
+    ("max_wait", "max_wait"),
+    ("warmup", "warmup"),
     ("cost must", "cost"),
     ("cost ", "cost"),
 )
@@ -121,6 +129,21 @@ class Policy(models.Model):
     )
     cost = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)], help_text="Units one request consumes."
+    )
+    max_wait = models.FloatField(
+        "max wait",
+        default=0,
+        validators=[MinValueValidator(0)],
+        help_text="Seconds a request may wait for its turn instead of being refused: one "
+        "whose turn comes within it is held that long, then served. Token bucket, leaky "
+        "bucket and gcra; 0: refuse at once.",
+    )
+    warmup = models.PositiveIntegerField(
+        "warm-up",
+        default=0,
+        help_text="Seconds of use over which a client that was idle starts at a third of "
+        "the rate, without burst, and rises to the full rate. Token bucket and gcra; 0: "
+        "none.",
     )
     batch = models.PositiveIntegerField(
         null=True,
@@ -251,11 +274,13 @@ class Policy(models.Model):
         """The algorithm's own rules (burst, capacity, batch), as the engine's `Limit`
         checks them: one message per mistake, on the field to change."""
         spec = REGISTRY.get(self.algorithm)
+        if spec is not None and not self._check_waits(spec, add):
+            return
         if self.burst is not None and spec is not None and not spec.has_burst:
             choices = [REGISTRY[name].label for name in BURST_ALGORITHMS]
             add(
                 "burst",
-                f"{spec.label} has no burst; clear it or choose "
+                f"{spec.label.capitalize()} has no burst; clear it or choose "
                 f"{', '.join(choices[:-1])} or {choices[-1]}.",
             )
         elif self.burst == 0:
@@ -276,21 +301,47 @@ class Policy(models.Model):
             else:
                 self._check_queue(spec, limit, add)
 
+    def _check_waits(self, spec: Any, add: Any) -> bool:
+        """max_wait and warm-up on an algorithm that takes them, and a wait no longer
+        than MAX_DELAY; False when one is wrong (the rest is then not worth checking)."""
+        from ratelimits.conf import get_config
+
+        if self.max_wait is None or self.max_wait < 0:
+            return False  # the field's own validator says so
+        ok = True
+        for field, label, value, allowed, names in (
+            ("max_wait", "max wait", self.max_wait, spec.reserves, WAITING_ALGORITHMS),
+            ("warmup", "warm-up", self.warmup, spec.warms, WARMUP_ALGORITHMS),
+        ):
+            if value and not allowed:
+                choices = [REGISTRY[name].label for name in names]
+                add(field, f"{spec.label.capitalize()} cannot take a {label}; set it to 0 "
+                    f"or choose {', '.join(choices[:-1])} or {choices[-1]}.")
+                ok = False
+        max_delay = get_config()["MAX_DELAY"]
+        if self.max_wait > max_delay:
+            add("max_wait", f"A request is never held longer than RATELIMITS['MAX_DELAY'] "
+                f"({max_delay:g} s); set the max wait to at most {max_delay:g} or raise "
+                "MAX_DELAY.")
+            ok = False
+        return ok
+
     @staticmethod
     def _check_queue(spec: Any, limit: Limit, add: Any) -> None:
-        """A queue must drain within MAX_DELAY: a request is never held longer, so a
-        longer queue would refuse requests that it claims to admit."""
+        """A queue must drain within MAX_DELAY, less the max wait: a request is never
+        held longer, so a longer queue would refuse requests that it claims to admit."""
         if not spec.delays:
             return
         from ratelimits.conf import get_config
 
         max_delay = get_config()["MAX_DELAY"]
-        longest = spec.queue_within(limit, max_delay)
+        longest = spec.queue_within(limit, max_delay - limit.max_wait)
         if spec.burst_of(limit) > longest:
-            wait = spec.burst_of(limit) * limit.period / limit.limit
-            add("burst", f"A queue of {spec.burst_of(limit)} at this rate holds a request "
-                f"up to {wait:g} s, longer than RATELIMITS['MAX_DELAY'] ({max_delay:g} s); "
-                f"set the queue to at most {longest}, raise the rate, or raise MAX_DELAY.")
+            wait = spec.burst_of(limit) * limit.period / limit.limit + limit.max_wait
+            add("burst", f"A queue of {spec.burst_of(limit)} at this rate"
+                f"{' and this max wait' if limit.max_wait else ''} holds a request up to "
+                f"{wait:g} s, longer than RATELIMITS['MAX_DELAY'] ({max_delay:g} s); set the "
+                f"queue to at most {longest}, raise the rate, or raise MAX_DELAY.")
 
     # -- engine view ----------------------------------------------------------------------
 
@@ -306,6 +357,8 @@ class Policy(models.Model):
             shadow=self.mode == Mode.SHADOW,
             name=self.name,
             batch=self.batch if self.counting == Counting.SHARED else None,
+            max_wait=float(self.max_wait or 0),
+            warmup=float(self.warmup or 0),
         )
 
     @property
@@ -325,6 +378,10 @@ class Policy(models.Model):
             text += f", {spec.burst_word if spec else 'burst'} {self.burst}"
         if self.cost and self.cost != 1:
             text += f", cost {self.cost}"
+        if self.max_wait:
+            text += f", waits up to {self.max_wait:g} s"
+        if self.warmup:
+            text += f", warm-up {self.warmup} s"
         return text
 
     human_rate.short_description = "rate"  # type: ignore[attr-defined]
@@ -409,7 +466,7 @@ class Override(models.Model):
             return  # the field says so
         spec = REGISTRY.get(policy.algorithm)
         if self.burst is not None and spec is not None and not spec.has_burst:
-            add("burst", f"{spec.label} has no burst; clear it.")
+            add("burst", f"{spec.label.capitalize()} has no burst; clear it.")
             return
         try:
             self.as_limit(policy, "")
@@ -421,7 +478,6 @@ class Override(models.Model):
         """The engine limit this override gives one client of `policy`."""
         base = policy.as_limit(key)
         burst = self.burst if self.burst is not None else policy.burst
-        return Limit(key=base.key, algorithm=base.algorithm, limit=self.limit or base.limit,
-                     period=base.period, burst=burst, cost=base.cost, shadow=base.shadow,
-                     name=base.name, batch=None if base.batch is None else
-                     min(base.batch, self.limit or base.limit))
+        return dataclasses.replace(
+            base, limit=self.limit or base.limit, burst=burst,
+            batch=None if base.batch is None else min(base.batch, self.limit or base.limit))

@@ -10,10 +10,6 @@ answer exactly:
   limit without a round trip. A flood from one client then costs each process about one
   store call per `HOLD`, not one per request. Anchor: Envoy's rate-limit service keeps a
   local cache of over-limit keys for the same reason.
-- **Leased units.** A limit with a `batch` takes up to that many units of its window from
-  the store at once and spends them here, one request at a time (see `lease`): a store
-  call per batch instead of one per request, never more admitted than the limit.
-
 - **Leased units.** A limit with `batch` takes up to `batch` units of its window from
   the store in one call and is answered from them in process (see `lease`); the
   request's unleased limits still go to the store, and a unit is spent only when the

@@ -29,8 +29,8 @@ SCOPE_PREFIX = "code:"
 SCOPES_ATTR = "ratelimit_scopes"
 #: The fields the code owns; the operator owns the rest (mode after the first start,
 #: rollout, on_error, priority, description, overrides).
-CODE_FIELDS = ("algorithm", "limit", "period", "burst", "cost", "key", "methods", "path",
-               "scope")
+CODE_FIELDS = ("algorithm", "limit", "period", "burst", "cost", "max_wait", "warmup", "key",
+               "methods", "path", "scope")
 
 
 @dataclass(frozen=True)

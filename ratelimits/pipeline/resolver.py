@@ -186,15 +186,17 @@ def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy
 
 
 def _held_at_most(template: Limit, max_delay: float) -> Limit:
-    """A queueing limit whose queue would hold a request longer than `MAX_DELAY`, with the
-    queue cut to what drains within it: the request that would wait longer is refused
-    (and not charged) instead of being served early. `Policy.clean()` refuses such a
-    queue; this keeps rows saved before that rule, or before `MAX_DELAY` was lowered,
-    honest."""
+    """A limit that would hold a request longer than `MAX_DELAY` (a max wait above it, or
+    a queue that drains later than it, the max wait included), cut to what it allows: the
+    request that would wait longer is refused (and not charged) instead of being served
+    early. `Policy.clean()` refuses such a limit; this keeps rows saved before that rule,
+    or before `MAX_DELAY` was lowered, honest."""
+    if template.max_wait > max_delay:
+        template = dataclasses.replace(template, max_wait=max_delay)
     spec = REGISTRY[template.algorithm]
     if not spec.delays:
         return template
-    queue = spec.queue_within(template, max_delay)
+    queue = spec.queue_within(template, max_delay - template.max_wait)
     return dataclasses.replace(template, burst=queue) if spec.burst_of(template) > queue \
         else template
 

@@ -1,11 +1,12 @@
-"""The waiting room: how many admitted leaky-bucket requests may sleep at once.
+"""The waiting room: how many admitted requests may sleep at once.
 
-A delayed request holds a worker while it waits. Unbounded, a few clients filling their
-queues tie up every sync worker: victims wait behind them and the attackers' own 429s
-queue too. So a process lets at most `MAX_WAITING` requests wait at once, and at most
-`MAX_WAITING_PER_CLIENT` of one client; a request that finds no room is refused at once
-with a 429 instead of waiting. The counts are kept under a lock that is never held while
-anyone sleeps.
+A request is admitted with a delay when a leaky bucket queues it or when a policy's
+`max_wait` reserves it a later turn; it holds a worker while it waits. Unbounded, a few
+clients filling their queues tie up every sync worker: victims wait behind them and the
+attackers' own 429s queue too. So a process lets at most `MAX_WAITING` requests wait at
+once, and at most `MAX_WAITING_PER_CLIENT` of one client; a request that finds no room is
+refused at once with a 429 instead of waiting. The counts are kept under a lock that is
+never held while anyone sleeps.
 """
 
 from __future__ import annotations

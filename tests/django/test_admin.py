@@ -41,6 +41,8 @@ def test_add_form_shows_validation_messages_on_the_field(admin_client):
             "counting": "shared",
             "rollout": 100,
             "priority": 0,
+            "max_wait": 0,
+            "warmup": 0,
         },
     )
     assert response.status_code == 200

@@ -65,6 +65,7 @@ def test_status_shows_each_policy_with_its_last_hour(client, make_policy):
     assert hour["hello-ip"]["admitted"] == 2 and hour["hello-ip"]["rejected"] == 1
     assert hour["idle"]["refused_share"] is None
     assert [p["name"] for p in data["policies"]] == ["hello-ip", "idle", "watch"]
+    assert {(p["max_wait"], p["warmup"]) for p in data["policies"]} == {(0, 0)}
 
 
 # -- reset ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from django.views import View
 
 from ratelimits.decorators import ratelimit
 from ratelimits.models import Override, Policy
+from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import registry
 from ratelimits.testing import limited
 from tests.django.test_round_trips import commands
@@ -44,9 +45,14 @@ def site(settings):
     async def feed(request):
         return HttpResponse("fed")
 
+    @ratelimit(name="export", rate="1/s", algorithm="token_bucket", max_wait=2, warmup=60)
+    def export(request):
+        return HttpResponse("exported")
+
     urls = types.ModuleType("decorated_urls")
     urls.urlpatterns = [path("login/", login), path("search/", Search.as_view()),
-                        path("async/", feed), path("admin/", admin.site.urls)]
+                        path("async/", feed), path("export/", export),
+                        path("admin/", admin.site.urls)]
     settings.ROOT_URLCONF = urls
     registry.forget_written()
     yield
@@ -142,6 +148,24 @@ def test_declared_limits_apply_inside_the_test_helpers(client, site):
     assert not Policy.objects.filter(name="login").exists()  # nothing written
 
 
+def test_a_declared_wait_and_warm_up_reach_the_row_and_the_requests(
+    client, admin_client, site, monkeypatch
+):
+    waits: list[float] = []
+    monkeypatch.setattr(evaluation, "sleep", waits.append)
+    with limited():
+        # cold: the warm-up paces at a third of the rate, and the second request waits
+        # for its turn (3 s) beyond max_wait (2 s): refused, and nothing slept
+        assert _codes(client, 2, "/export/") == [200, 429]
+        assert waits == []
+    client.get("/export/")
+    row = Policy.objects.get(name="export")
+    assert (row.algorithm, row.max_wait, row.warmup) == ("token_bucket", 2, 60)
+    assert row.human_rate() == "1 per second, waits up to 2 s, warm-up 60 s"
+    page = admin_client.get(f"/admin/ratelimits/policy/{row.pk}/change/").content.decode()
+    assert 'name="max_wait"' not in page and 'name="warmup"' not in page  # the code's
+
+
 def test_migrate_writes_the_declared_rows(site):
     receiver = apps.get_app_config("ratelimits")
     from ratelimits.receivers import _write_declared
@@ -155,10 +179,11 @@ def test_migrate_writes_the_declared_rows(site):
     ("kwargs", "message"),
     [
         ({"rate": "5 a minute"}, "is not N/<unit>"),
-        ({"rate": "5/m", "algorithm": "fixed_window", "burst": 3}, "burst: fixed window has"),
+        ({"rate": "5/m", "algorithm": "fixed_window", "burst": 3}, "burst: Fixed window has"),
         ({"rate": "5/m", "key": "cookie:x"}, "key:"),
         ({"rate": "5/m", "mode": "loud"}, "mode 'loud'"),
         ({"rate": "5/m", "methods": "GET,P0ST"}, "methods:"),
+        ({"rate": "5/m", "max_wait": 1}, "max_wait: Sliding window cannot take a max wait"),
     ],
 )
 def test_a_mistake_is_refused_at_import_with_what_to_fix(kwargs, message):

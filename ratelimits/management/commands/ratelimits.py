@@ -229,6 +229,8 @@ class Command(BaseCommand):
                     "period": p.period,
                     "burst": p.burst,
                     "cost": p.cost,
+                    "max_wait": p.max_wait,
+                    "warmup": p.warmup,
                     "key": p.key,
                     "path": p.path or "*",
                     "methods": p.method_list,
