@@ -9,6 +9,7 @@ urlpatterns = [
     path("search/", views.search, name="search"),
     path("slow/", views.slow, name="slow"),
     path("quote/", views.quote, name="quote"),
+    path("report/", views.report, name="report"),
     path("api/items/", views.ItemList.as_view(), name="items"),
     path("admin/", admin.site.urls),
     path("ratelimits/", include("ratelimits.urls")),  # /ratelimits/metrics/ for Prometheus

@@ -55,6 +55,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
     assert "created enforce  hello-per-ip" in first.stdout
     assert "created shadow   search-shadow" in first.stdout
     assert "created enforce  search-rollout" in first.stdout
+    assert "created enforce  report-paced" in first.stdout
     assert "created override hello-per-ip ip:10.0.0.0/8" in first.stdout
     again = run(["manage.py", "seed_policies"], demo_env)
     assert again.returncode == 0, again.stderr
@@ -68,7 +69,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
         ],
         demo_env,
     )
-    assert count.stdout.strip().splitlines()[-1] == "5"  # and "quote", declared in code
+    assert count.stdout.strip().splitlines()[-1] == "6"  # and "quote", declared in code
 
 
 def test_demo_admin_prints_a_working_login(demo_env):
@@ -104,6 +105,8 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
         print("retry", r.headers.get("Retry-After"), "ratelimit" in {k.lower() for k in r.headers})
         print("slow", c.get("/slow/").status_code)
         print("quote", [c.get("/quote/").status_code for _ in range(4)])
+        r = [c.get("/report/") for _ in range(2)]
+        print("report", [x.status_code for x in r], r[1].headers.get("Retry-After"))
         from ratelimits.models import Policy
         print("declared", list(Policy.objects.filter(declared=True).values_list("name", "mode")))
     """)
@@ -118,6 +121,8 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
     assert int(retry) >= 1 and has_header == "True"
     assert lines["slow"] == "200"
     assert lines["quote"] == "[200, 200, 200, 429]"
+    # cold: the next turn is 3 s away, 1 s beyond the wait, so the second is refused
+    assert lines["report"] == "[200, 429] 1"
     assert lines["declared"] == "[('quote', 'enforce')]"
 
 

@@ -1,5 +1,5 @@
 """The example policies the demo starts with: one enforced, one in shadow, one DRF scope,
-one rolled out to a quarter of the clients."""
+one rolled out to a quarter of the clients, one that warms up and lets requests wait."""
 
 EXAMPLE_POLICIES = [
     {
@@ -45,6 +45,21 @@ EXAMPLE_POLICIES = [
         "period": 60,
         "key": "ip",
         "path": "/search/",
+    },
+    {
+        "name": "report-paced",
+        "description": "1 report a second with a burst of 5, for a client that is warm: a "
+        "cold one starts at one every 3 s and warms up over 10 s of use. A request whose "
+        "turn is at most 2 s away waits for it instead of a 429.",
+        "mode": "enforce",
+        "algorithm": "gcra",
+        "limit": 1,
+        "period": 1,
+        "burst": 5,
+        "max_wait": 2,
+        "warmup": 10,
+        "key": "ip",
+        "path": "/report/",
     },
 ]
 

@@ -37,6 +37,12 @@ def quote(request):
                         content_type="text/plain")
 
 
+def report(request):
+    """An expensive page: policy "report-paced" warms a cold client up and lets a
+    request wait up to 2 s for its turn."""
+    return HttpResponse("Report ready.\n", content_type="text/plain")
+
+
 async def slow(request):
     """An async view: the middleware runs in the async stack without a thread hop."""
     await asyncio.sleep(0.05)
