@@ -87,6 +87,14 @@ _MONITOR_LINE = re.compile(
 )
 
 
+def script_calls(client: redis.Redis) -> int:
+    """Scripts and functions the server has run since its stats were last reset: the
+    batch decisions (FCALL) and the other scripts (EVALSHA) together."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+               for name in ("evalsha", "fcall"))
+
+
 def sha(source: str) -> str:
     """The SHA1 a script of this source runs under (what EVALSHA names)."""
     return hashlib.sha1(source.encode()).hexdigest()
@@ -95,7 +103,7 @@ def sha(source: str) -> str:
 class Monitor:
     """`redis-cli monitor` into a file: every command a server ran, when and from which
     connection. INFO commandstats counts EVALSHA calls of every script together; this
-    tells the scripts apart by their SHA."""
+    tells the scripts apart by their SHA, and functions by their name."""
 
     def __init__(self, port: int, path: Path) -> None:
         self.path = path
@@ -105,7 +113,8 @@ class Monitor:
 
     def scripts(self, of: str, since: float = 0.0,
                 until: float = float("inf")) -> list[tuple[float, str]]:
-        """Stop watching; (time, client) of each run of the script whose SHA is `of`."""
+        """Stop watching; (time, client) of each run of the script whose SHA is `of`, or
+        of the function named `of`."""
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
@@ -113,7 +122,7 @@ class Monitor:
         out = []
         for line in self.path.read_text().splitlines():
             m = _MONITOR_LINE.match(line)
-            if m and m["cmd"].upper() == "EVALSHA" and m["sha"] == of \
+            if m and m["cmd"].upper() in ("EVALSHA", "FCALL") and m["sha"] == of \
                     and since <= float(m["at"]) <= until:
                 out.append((float(m["at"]), m["client"]))
         return out

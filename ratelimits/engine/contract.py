@@ -8,6 +8,7 @@ the constants and the argument offsets generated from this module.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
@@ -26,8 +27,8 @@ US = constants.US
 #: ('' = no counters).
 HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
 #: ARGV per limit, in this order; KEYS holds one base key per limit.
-LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "name", "who",
-              "warmup_us", "wait_us")
+LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
+              "wait_us")
 #: After the limits, each count the process tallied alone (`tally`) rides in this order:
 #: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
 CARRY_ARGS = ("kind", "name", "at", "what", "n")
@@ -94,6 +95,27 @@ def batch_source() -> str:
     return _charging_source("batch.lua")
 
 
+@lru_cache(maxsize=1)
+def batch_library() -> tuple[str, str]:
+    """(function name, library code): the batch script as a Redis Functions library, its
+    helpers and dispatchers defined once at `FUNCTION LOAD` instead of on every call. The
+    name carries a digest of the code, so processes running two versions of the app side
+    by side (a rolling deploy) each call their own."""
+    name = "ratelimits_batch_" + hashlib.sha1(batch_source().encode()).hexdigest()[:16]
+    lua = resources.files("ratelimits.engine") / "lua"
+    code = "\n".join(
+        (
+            f"#!lua name={name}",
+            *_charging_parts(),
+            "local function batch(KEYS, ARGV)",
+            (lua / "batch.lua").read_text("utf-8"),
+            "end",
+            f"redis.register_function('{name}', batch)",
+        )
+    )
+    return name, code
+
+
 def _bodies() -> dict[str, tuple[str, str, str]]:
     """Each algorithm's check, commit and refund bodies (the refund is Redis Cluster's)."""
     lua = resources.files("ratelimits.engine") / "lua"
@@ -107,21 +129,25 @@ def _bodies() -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def _charging_source(entry: str) -> str:
+def _charging_parts() -> tuple[str, ...]:
+    """What every charging script starts with: the generated constants, the prelude, and
+    the check and commit dispatchers."""
     lua = resources.files("ratelimits.engine") / "lua"
     bodies = _bodies()
-    return "\n".join(
-        (
-            "-- generated from ratelimits/engine/contract.py",
-            lua_constants(),
-            (lua / "prelude.lua").read_text("utf-8"),
-            _dispatcher("check", "key, now, L, P, B, c, mw",
-                        {name: b[0] for name, b in bodies.items()}),
-            _dispatcher("commit", "key, now, L, P, B, c, r, token",
-                        {name: b[1] for name, b in bodies.items()}),
-            (lua / entry).read_text("utf-8"),
-        )
+    return (
+        "-- generated from ratelimits/engine/contract.py",
+        lua_constants(),
+        (lua / "prelude.lua").read_text("utf-8"),
+        _dispatcher("check", "key, now, L, P, B, c, mw",
+                    {name: b[0] for name, b in bodies.items()}),
+        _dispatcher("commit", "key, now, L, P, B, c, r, token",
+                    {name: b[1] for name, b in bodies.items()}),
     )
+
+
+def _charging_source(entry: str) -> str:
+    lua = resources.files("ratelimits.engine") / "lua"
+    return "\n".join((*_charging_parts(), (lua / entry).read_text("utf-8")))
 
 
 @lru_cache(maxsize=1)
@@ -201,8 +227,6 @@ def encode(
             spec.burst_of(limit),
             limit.cost,
             1 if limit.shadow else 0,
-            limit.name,
-            limit.key[: constants.OFFENDER_CHARS].encode("utf-8", "surrogatepass"),
             to_us(limit.warmup),
             to_us(limit.max_wait),
         )

@@ -1,4 +1,5 @@
-"""The production engine: every limit of a request decided in one EVALSHA on Redis."""
+"""The production engine: every limit of a request decided in one call on Redis (FCALL of
+the batch function, or EVALSHA of the same script where the server has no Functions)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.contract import (
+    batch_library,
     batch_source,
     carry,
     decode,
@@ -20,6 +22,7 @@ from ratelimits.engine.contract import (
     renew_source,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.functions import StoredScript
 from ratelimits.engine.keys import (
     US,
     base_key,
@@ -75,7 +78,7 @@ class RedisEngine(Acquiring):
         self.breaker = breaker
         self.prefix = prefix
         self.version_key = version_key
-        self._script = client.register_script(batch_source())
+        self._script = StoredScript(client, batch_library(), batch_source())
         self._renew_script: Any = None
         self._offend_script: Any = None
         self.stats = stats
@@ -93,7 +96,7 @@ class RedisEngine(Acquiring):
             limits, prefix=self.prefix, now=now, version_key=self.version_key,
             stats=self.stats,
         )
-        if self.tally.pending() and self.stats:  # counts made in process ride along
+        if self.stats and self.tally.due():  # counts made in process ride along
             carried = self.tally.take()
             try:
                 reply = self._run(keys, args + carry(*carried), now)
@@ -103,18 +106,21 @@ class RedisEngine(Acquiring):
         else:
             reply = self._run(keys, args, now)
         try:
-            return decode(limits, reply, versioned=bool(self.version_key), token=token)
+            decision = decode(limits, reply, versioned=bool(self.version_key), token=token)
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
+        if self.stats:
+            self.tally.add(decision, reply[2])
+        return decision
 
     def _run(self, keys: list[str], args: list[Any], now: float | None = None) -> Any:
         beat = self.heartbeat
         if beat is not None and beat.due():
             return self._guarded(lambda: self._with_beat(
-                ("EVALSHA", self._script.sha, len(keys), *keys, *args), now,
-                lambda: self._script(keys=keys, args=args)))
-        # Script.__call__ sends EVALSHA and reloads the source on NOSCRIPT, so a
-        # restarted server or a SCRIPT FLUSH costs one extra round trip, once.
+                self._script.command(keys, args), now,
+                lambda: self._script(keys=keys, args=args), self._script.recover))
+        # The call loads the library (or the script, after NOSCRIPT) when the server
+        # lacks it, so a restarted server or a FUNCTION FLUSH costs one round trip more.
         return self._guarded(lambda: self._script(keys=keys, args=args))
 
     def _guarded(self, call: Any) -> Any:
@@ -136,10 +142,12 @@ class RedisEngine(Acquiring):
             breaker.success()
         return reply
 
-    def _with_beat(self, command: tuple[Any, ...], now: float | None, again: Any) -> Any:
+    def _with_beat(self, command: tuple[Any, ...], now: float | None, again: Any,
+                   recover: Any = None) -> Any:
         """`command` and a heartbeat pipelined in one round trip; `command`'s reply.
 
-        `again()` runs the command alone when the server lacked its script (NOSCRIPT).
+        `again()` runs the command alone when `recover(error)` says the error was the
+        server lacking its script or function (and has made up for it).
         """
         beat = self.heartbeat
         assert beat is not None
@@ -161,7 +169,7 @@ class RedisEngine(Acquiring):
             beat.missed()
         else:
             beat.learnt(count)
-        if isinstance(reply, redis.exceptions.NoScriptError):
+        if isinstance(reply, Exception) and recover is not None and recover(reply):
             return again()
         if isinstance(reply, Exception):
             raise reply

@@ -1,14 +1,17 @@
 """Outcomes counted in process and sent to the store's counters at most a second later.
 
-The per-minute counters and the offender lists are normally written by the script that
-decides a request. Two kinds of decision happen without that script: the ones a cluster
-decides per slot (a slot's script may not touch the counters' keys), and the ones the
-process answers by itself (`frontline`: a remembered refusal, a leased unit). A `Tally`
-counts those in memory. An engine whose next call can carry them takes them (`take`) and
-sends them with it, at no extra round trip; otherwise the tally hands them to its
-engine's `send` `FLUSH_EVERY` seconds after the first one, from a background thread, so a
-request never waits for it and a process that goes quiet still sends its last counts. A
-failed send puts the counts back for the next one.
+Every decision is counted here, in memory, not by the script that decides it: a
+`HINCRBY` per policy per request cost the script more than the decision itself, and the
+decisions a cluster makes per slot (a slot's script may not touch the counters' keys) or
+the process answers by itself (`frontline`: a remembered refusal, a leased unit) never
+reach a script anyway. The counts of one policy and minute add up in one entry, so a
+busy process sends one increment per policy and outcome a second, however many requests
+it served. An engine whose call can carry them takes them (`take`) once they are `due()`
+(half of `FLUSH_EVERY` old) and sends them with that call, at no extra round trip;
+otherwise the tally hands them to its engine's `send` `FLUSH_EVERY` seconds after the
+first one, from a background thread, so a request never waits for it and a process that
+goes quiet still sends its last counts. A failed send puts the counts back for the next
+one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +54,7 @@ class Tally:
         self._counts: Counts = {}
         self._offenders: Counts = {}
         self._flushing = False
+        self._first = 0.0  # monotonic time of the oldest count not yet taken
         self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
@@ -64,6 +69,8 @@ class Tally:
             if self._pid != os.getpid():  # a forked child: the parent sends its own counts
                 self._pid = os.getpid()
                 self._counts, self._offenders, self._flushing = {}, {}, False
+            if not self._counts and not self._offenders:
+                self._first = time.monotonic()
             for result in decision.results:
                 name = result.limit.name
                 if not name:
@@ -88,6 +95,13 @@ class Tally:
         """Whether anything waits to be sent."""
         with self._lock:
             return bool(self._counts or self._offenders)
+
+    def due(self) -> bool:
+        """Whether a call should carry the counts now: some are half `every` old. A
+        busy process so sends them about twice a second, on calls it makes anyway."""
+        with self._lock:
+            return bool(self._counts or self._offenders) and \
+                time.monotonic() - self._first >= self.every / 2
 
     def take(self) -> tuple[Counts, Counts]:
         """What is tallied, for a call that sends it; `restore()` it if the call fails."""

@@ -18,23 +18,23 @@ import pytest
 import redis
 
 from ratelimits.engine import Limit, RedisEngine
-from ratelimits.engine.contract import batch_source
+from ratelimits.engine.contract import batch_library
 from ratelimits.engine.frontline import HOLD
 from ratelimits.engine.keys import stats_key
 from tests.django.workers import Site
-from tests.redis_server import Monitor, sha
+from tests.redis_server import Monitor
 from tests.settings import RATELIMITS
 
 pytestmark = pytest.mark.slow
 
 PREFIX = RATELIMITS["KEY_PREFIX"]  # what the workers use (tests.settings)
 LIMIT = Limit("ip:127.0.0.1", "sliding_log", 5, 60.0, name="flood")
-BATCH_SHA = sha(batch_source())
+BATCH, LIBRARY = batch_library()
 @pytest.fixture
 def site(tmp_path, private_redis):
-    # Loaded before the workers start: a worker's first EVALSHA must not meet NOSCRIPT and
-    # be sent twice, which MONITOR would show as two decisions.
-    redis.Redis.from_url(private_redis.url).script_load(batch_source())
+    # Loaded before the workers start: a worker's first call must not meet a missing
+    # function and be sent twice, which MONITOR would show as two decisions.
+    redis.Redis.from_url(private_redis.url).function_load(LIBRARY)
     site = Site(tmp_path, private_redis.url)
     site.policy(name="flood", mode="enforce", algorithm="sliding_log", limit=5, period=60,
                 key="ip", path="/hello/")
@@ -67,7 +67,7 @@ def test_a_flood_costs_about_one_script_per_worker_per_second(site, private_redi
     assert reached <= HOLD + 0.25, reached
 
     # the admitted ones, then about one per worker per second the flood lasted
-    scripts = monitor.scripts(BATCH_SHA, since=started, until=ended)
+    scripts = monitor.scripts(BATCH, since=started, until=ended)
     assert len(scripts) <= 5 + 3 * (1 + elapsed), (len(scripts), elapsed)
     with capsys.disabled():
         print(f"\nflood: 1,000 requests over 3 workers in {elapsed:.2f} s: {len(scripts)} "
@@ -116,7 +116,7 @@ def test_a_reset_reaches_every_worker_within_a_second(site, private_redis, tmp_p
         for t in flooders:
             t.join()
     # within the hold, every flooded worker (one connection each) asked Redis again
-    runs = monitor.scripts(BATCH_SHA, since=reset_at, until=reset_at + HOLD + 0.1)
+    runs = monitor.scripts(BATCH, since=reset_at, until=reset_at + HOLD + 0.1)
     asked = {who for _, who in runs}
     assert len(flooded) >= 2 and len(asked) == len(flooded), (asked, flooded)
     client.close()

@@ -16,7 +16,7 @@ def commands(client: redis.Redis) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("policies", [1, 3, 7])
-def test_one_evalsha_per_request_through_the_middleware(
+def test_one_script_call_per_request_through_the_middleware(
     client, make_policy, private_redis, settings, policies
 ):
     settings.CACHES = {
@@ -53,5 +53,5 @@ def test_one_evalsha_per_request_through_the_middleware(
     inside = {c.lower() for c in re.findall(r"redis\.call\('(\w+)'", batch_source())}
     outside = {k: v for k, v in delta.items() if k not in inside}
     released = 20 if policies == 7 else 0  # a concurrency slot is freed after the response
-    assert outside.pop("evalsha") == 20
+    assert outside.pop("fcall") == 20
     assert outside == ({"zrem": released} if released else {})

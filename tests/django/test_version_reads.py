@@ -11,6 +11,7 @@ import redis
 from ratelimits.engine import MemoryEngine
 from ratelimits.pipeline import store
 from ratelimits.pipeline.state import process
+from tests.redis_server import script_calls
 
 
 class ManualClock:
@@ -42,7 +43,8 @@ def gets(server: redis.Redis) -> int:
 
 
 def evalshas(server: redis.Redis) -> int:
-    return int(server.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    """Script calls: the heartbeat's (EVALSHA) and decisions (FCALL)."""
+    return script_calls(server)
 
 
 def published_elsewhere(server: redis.Redis, **fields) -> None:

@@ -6,6 +6,8 @@ commandstats of the private test server, or of every primary of the cluster).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 import redis.cluster
@@ -15,6 +17,7 @@ from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.frontline import HOLD, DenyCache, Frontline
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
+from tests.redis_server import script_calls
 
 LOGIN = Limit("ip:203.0.113.9", "fixed_window", 2, 60.0, name="login")
 
@@ -23,7 +26,7 @@ def _scripts(client) -> int:
     stats = client.info("commandstats")
     if isinstance(client, redis.cluster.RedisCluster):  # {node: stats}
         return sum(int(s.get("cmdstat_evalsha", {}).get("calls", 0)) for s in stats.values())
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return script_calls(client)
 
 
 @pytest.fixture
@@ -84,18 +87,23 @@ def test_local_refusals_reach_counters_and_offenders(front, store):
     assert front.offenders("login", hour) == [("ip:203.0.113.9", 5)]
 
 
-def test_the_next_script_call_carries_the_tally(front, store, redis_client):
+def test_the_next_script_call_carries_the_tally(front, store, redis_client, monkeypatch):
+    from ratelimits.engine import tally
+
+    store.tally.every = 30.0  # the background flush stays out of this test
     _spend(front)
     for i in range(4):
         assert not front.evaluate([LOGIN], now=T0 + 0.1 + i / 10).allowed
     assert store.tally.pending()
+    later = time.monotonic() + 16  # the counts are due
+    monkeypatch.setattr(tally.time, "monotonic", lambda: later)
     other = Limit("ip:198.51.100.1", "fixed_window", 2, 60.0, name="login")
     scripts = _scripts(redis_client)
     assert front.evaluate([other], now=T0 + 0.5).allowed  # a call made anyway ...
-    assert not store.tally.pending()
     assert _scripts(redis_client) == scripts + 1  # ... and no call of its own
     raw = redis_client.hgetall(f"rl:s:login:{int(T0 // 60)}")
-    assert {k.decode(): int(v) for k, v in raw.items()} == {"a": 3, "r": 4}
+    assert {k.decode(): int(v) for k, v in raw.items()} == {"a": 2, "r": 4}
+    assert store.tally.take()[0] == {("login", int(T0 // 60)): {"a": 1}}  # the new one
 
 
 def test_other_limits_of_a_refused_request_are_spared_and_shadow_reported(front):

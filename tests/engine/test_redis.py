@@ -51,6 +51,7 @@ def test_every_key_has_a_ttl_no_longer_than_needed(engine, redis_client, algorit
 
 def test_stats_keys_expire_after_a_day_and_an_hour(engine, redis_client):
     engine.evaluate([limit_for("gcra")])
+    engine.flush()  # the counts are tallied in process, sent within a second
     (key,) = redis_client.keys("rl:s:*")
     assert STATS_TTL - 5 < redis_client.ttl(key) <= STATS_TTL
 
@@ -89,6 +90,7 @@ def test_time_comes_from_the_server(engine, redis_client, monkeypatch):
     (key,) = (k.decode() for k in redis_client.keys("rl:{*"))
     assert key.endswith(f":{server_now // 3600}")  # the server's hour names the window
     assert abs(redis_client.pttl(key) / 1000 - expected) <= 2
+    engine.flush()
     (stats,) = (k.decode() for k in redis_client.keys("rl:s:*"))
     assert abs(int(stats.rsplit(":", 1)[1]) - server_now // 60) <= 1
     assert not engine.evaluate([limit]).allowed
@@ -103,11 +105,37 @@ def test_script_flush_is_survived(engine, redis_client):
     assert engine.evaluate([limit], now=T0).results[0].remaining == 3
 
 
+def test_a_flushed_library_is_loaded_again(engine, redis_client):
+    limit = limit_for("gcra")
+    assert engine.evaluate([limit], now=T0).results[0].remaining == 4
+    redis_client.function_flush()
+    assert engine.evaluate([limit], now=T0).results[0].remaining == 3
+    assert engine._script.mode == "fcall"
+
+
+def test_without_functions_the_same_script_runs_by_evalsha(private_redis):
+    """A user whose ACL denies Functions (as a server without them, Redis 6, answers an
+    unknown command) gets the same decisions from EVALSHA of the same script."""
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.acl_setuser("app", enabled=True, passwords=["+pw"], keys=["*"],
+                      commands=["+@all", "-function", "-fcall", "-fcall_ro"])
+    client = redis.Redis(port=private_redis.port, username="app", password="pw")
+    engine = RedisEngine(client)
+    limit = limit_for("sliding_log")
+    assert [engine.evaluate([limit], now=T0).allowed for _ in range(6)] == [True] * 5 + [False]
+    assert engine._script.mode == "evalsha"
+    stats = admin.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 6 + 1  # the first met NOSCRIPT
+    assert stats["cmdstat_fcall"]["rejected_calls"] == 1  # asked once, never again
+    client.close()
+    admin.close()
+
+
 def test_one_round_trip_for_any_number_of_limits(private_redis):
     redis_client = redis.Redis.from_url(private_redis.url)
     engine = RedisEngine(redis_client, version_key="rl:version")
     limits = [Limit(f"c{i}", a, 5, 60, name=f"p{i}") for i, a in enumerate(ALGORITHMS * 3)]
-    engine.evaluate(limits, now=T0)  # loads the script
+    engine.evaluate(limits, now=T0)  # loads the library
     before = redis_client.info("commandstats")
     for _ in range(10):
         engine.evaluate(limits, now=T0)
@@ -116,8 +144,36 @@ def test_one_round_trip_for_any_number_of_limits(private_redis):
     def calls(stats, name):
         return stats.get(f"cmdstat_{name}", {}).get("calls", 0)
 
-    assert calls(after, "evalsha") - calls(before, "evalsha") == 10
+    assert calls(after, "fcall") - calls(before, "fcall") == 10
+    assert calls(after, "evalsha") == calls(before, "evalsha")
     assert calls(after, "eval") == calls(before, "eval")
+
+
+def test_counts_are_tallied_and_ride_a_call_about_twice_a_second(private_redis, monkeypatch):
+    """The script counts nothing; the process adds each policy's outcomes up and a call
+    carries them once they are half a flush interval old: one HINCRBY per policy and
+    outcome, not one per request."""
+    from ratelimits.engine import tally
+
+    client = redis.Redis.from_url(private_redis.url)
+    engine = RedisEngine(client)
+    engine.tally.every = 30.0  # the background flush stays out of this test
+    limit = Limit("c", "fixed_window", 40, 60, name="p")
+    for _ in range(50):
+        engine.evaluate([limit], now=T0)
+
+    def hincrbys():
+        return client.info("commandstats").get("cmdstat_hincrby", {}).get("calls", 0)
+
+    assert hincrbys() == 0 and engine.tally.pending()
+    later = time.monotonic() + 16
+    monkeypatch.setattr(tally.time, "monotonic", lambda: later)
+    engine.evaluate([limit], now=T0)  # carries the fifty, counts itself
+    assert hincrbys() == 2  # a: 40, r: 10
+    raw = client.hgetall(f"rl:s:p:{int(T0 // 60)}")
+    assert {k.decode(): int(v) for k, v in raw.items()} == {"a": 40, "r": 10}
+    assert engine.counters("p", int(T0 // 60)) == {"a": 40, "r": 11}  # tally sent first
+    client.close()
 
 
 def test_an_unreachable_server_raises_engine_unavailable():
@@ -132,6 +188,7 @@ def test_offender_lists_and_their_errors_are_bounded_and_expire(engine, redis_cl
     for i in range(OFFENDERS_CAP + 30):  # a full list, then 30 entrants with an error
         for _ in range(2):
             engine.evaluate([replace(limit, key=f"c{i}")], now=T0)
+    engine.flush()
     hour = int(T0 // 3600)
     members, errors = offenders_key("rl:", "p", hour), offender_errors_key("rl:", "p", hour)
     assert redis_client.zcard(members) == OFFENDERS_CAP

@@ -68,6 +68,7 @@ def test_a_new_entry_is_all_an_algorithm_needs(redis_client, monkeypatch):
     registry), exactly as they do gcra."""
     monkeypatch.setitem(REGISTRY, "twin", replace(REGISTRY["gcra"], name="twin", code="tw"))
     contract.batch_source.cache_clear()
+    contract.batch_library.cache_clear()
     try:
         engines = [RedisEngine(redis_client), MemoryEngine()]
         twin, gcra = Limit("c", "twin", 3, 60, burst=2), Limit("c", "gcra", 3, 60, burst=2)
@@ -81,3 +82,4 @@ def test_a_new_entry_is_all_an_algorithm_needs(redis_client, monkeypatch):
             ]
     finally:
         contract.batch_source.cache_clear()
+        contract.batch_library.cache_clear()

@@ -2,9 +2,10 @@
 -- The argument layout is generated from contract.py: ARGV holds HEAD values (now_us,
 -- '' = server time; token; version key, '' = none; stats prefix, '' = no counters), then
 -- PER_LIMIT values per limit at the offsets ARG_*; KEYS holds one base key per limit.
--- After the limits, ARGV may carry counts of decisions the process made alone (see
--- engine/tally.py), CARRY values each: 'c', policy, minute, field, n for a counter;
--- 'o', policy, hour, who, n for an offender.
+-- The script does not count: the engine tallies every decision in process (see
+-- engine/tally.py), and now and then a call carries those counts after the limits,
+-- CARRY values each: 'c', policy, minute, field, n for a counter; 'o', policy, hour,
+-- who, n for an offender.
 -- Returns {version, admitted, now_us, then per limit: allowed, remaining, reset_after,
 -- retry_after, delay, outcome (the counter's field: a, r, w or o)}.
 local now = tonumber(ARGV[1])
@@ -29,7 +30,6 @@ end
 local version = 0
 if version_key ~= '' then version = tonumber(redis.call('GET', version_key)) or 0 end
 local out = {version, admitted, now}
-local minute  -- formatted on first use: most calls of an app without counters skip it
 for i = 1, n do
   local o = HEAD + (i - 1) * PER_LIMIT
   local r = checks[i]
@@ -47,17 +47,6 @@ for i = 1, n do
     field = 'w'
   else
     field = 'r'
-  end
-  local name = ARGV[o + ARG_NAME]
-  if stats ~= '' and name ~= '' then
-    minute = minute or string.format('%d', math.floor(now / (60 * US)))
-    local sk = stats .. name .. ':' .. minute
-    -- a new field (first of its key, or first of its kind) sets the expiry; others skip it
-    if redis.call('HINCRBY', sk, field, 1) == 1 then redis.call('EXPIRE', sk, STATS_TTL) end
-    if field == 'r' or field == 'w' then
-      offend(stats .. name .. ':h' .. string.format('%d', math.floor(now / (3600 * US))),
-        ARGV[o + ARG_WHO], 1)
-    end
   end
   local j = #out
   out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =

@@ -14,6 +14,9 @@
 -- CONCURRENCY_RETRY) and the argument offsets are generated above this file from
 -- ratelimits/engine/constants.py and contract.py.
 
+-- A number handed to redis.call as it is, not as a string, is written by Redis itself with
+-- %.17g: exact, and cheaper than formatting it here. fmt is for a number that becomes
+-- part of a key or a reply.
 local function fmt(x)
   -- %.17g round-trips any double, so stored floats read back bit for bit.
   return string.format('%.17g', x)
@@ -110,6 +113,6 @@ local function warm_check(key, now, L, P, B, c, W, mw, r)
 end
 
 local function warm_commit(key, r)
-  redis.call('HSET', key .. ':w', 'n', fmt(r.wn), 'w', fmt(r.ww))
+  redis.call('HSET', key .. ':w', 'n', r.wn, 'w', r.ww)
   redis.call('PEXPIRE', key .. ':w', ttl_ms(r[3]))
 end

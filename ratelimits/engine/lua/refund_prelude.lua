@@ -23,6 +23,6 @@ local function tat_refund(key, now, L, P, c, written)
   if tat <= now then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, fmt(tat), 'KEEPTTL')
+    redis.call('SET', key, tat, 'KEEPTTL')
   end
 end

@@ -19,7 +19,7 @@ end
 return {0, floor0(tokens), math.ceil((B - tokens) * P / L),
         math.ceil((c - tokens) * P / L - mw), 0}
 --[[commit]]
-redis.call('HSET', key, 't', fmt(r[6]), 'ts', fmt(r[7]))
+redis.call('HSET', key, 't', r[6], 'ts', r[7])
 redis.call('PEXPIRE', key, ttl_ms(r[3]))
 --[[refund]]
 -- s1, s2: the tokens and time the charge stored. Only while the bucket still holds them
@@ -27,5 +27,5 @@ redis.call('PEXPIRE', key, ttl_ms(r[3]))
 -- may already have absorbed them, so the charge stays (under-admission, never over).
 local s = redis.call('HMGET', key, 't', 'ts')
 if s[1] == s1 and s[2] == s2 then
-  redis.call('HSET', key, 't', fmt(math.min(B, tonumber(s1) + c)))
+  redis.call('HSET', key, 't', math.min(B, tonumber(s1) + c))
 end
