@@ -1,38 +1,84 @@
-"""The request path's own Python cost: RateLimitMiddleware around a trivial view.
+"""Section 9: the whole request path in one process, beside a PING loop and `limits`.
 
     .venv/bin/python bench/request_path.py [--quick]
 
-RequestFactory requests go through `RateLimitMiddleware` with one enforced policy (a
-fixed window that always admits). Three cases, interleaved in every round so a noisy
-neighbour slows them alike:
+What a user sees when one enforced policy guards a view: RequestFactory requests through
+`RateLimitMiddleware` to a trivial view, the policy a fixed window that always admits,
+decided on the run's Redis. Beside it, in the same interleaved rounds of one process:
 
-- `bare`: the view alone (what the middleware costs is measured on top of it);
-- `canned`: the middleware, with the engine's Redis call answered by a canned reply, so
-  the figure is our Python only (request state, policy matching, identity, the limit,
-  the reply's assembly, the headers);
-- `redis`: the middleware on a private redis-server (started for the run, killed after),
-  for context: the round trip dominates.
+- a redis-py `PING` loop (one round trip and nothing else: the floor of any store call);
+- a bare `limits` hit (`FixedWindowRateLimiter` and `SlidingWindowCounterRateLimiter`,
+  the faster counts), which does no Django work at all;
+- the view alone, and the middleware with the engine's Redis call answered by a canned
+  reply: what our Python costs per request, without the round trip.
 
-Prints µs per request (median over the rounds) and the middleware's Python overhead.
+The measuring runs in a child process with its own Django settings (the peers' sections
+configure Django differently in the parent).
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
+import json
+import os
+import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+from bench.common import Check, Section, fmt_rate, median, spread, table
+
+VIEW = "view alone (RequestFactory request, trivial view)"
+CANNED = "middleware, 1 policy, engine reply canned (our Python only)"
+OURS = "middleware, 1 enforced policy, decided on Redis (the whole path)"
+PING = "redis-py PING loop"
+LIMITS = "`limits` bare hit, its faster strategy"
 
 
-def _setup(redis_url: str) -> None:
+def run(quick: bool = False) -> Section:
+    section = Section("9. The whole request path in one process")
+    env = {**os.environ, common.PORT_VARIABLE: str(common.REDIS_PORT)}
+    child = subprocess.run(
+        [sys.executable, __file__, "--child", *(["--quick"] if quick else [])],
+        capture_output=True, text=True, env=env, check=False,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"request path bench failed:\n{child.stderr}")
+    rates: dict[str, list[float]] = json.loads(child.stdout.strip().splitlines()[-1])
+    med = {name: median(v) for name, v in rates.items()}
+    rounds = len(rates[OURS])
+    rows = [[name, fmt_rate(med[name]), spread(rates[name]), f"{1e6 / med[name]:.1f}",
+             f"{med[OURS] / med[name]:.2f}×"] for name in (VIEW, CANNED, OURS, PING, LIMITS)]
+    section.add(
+        "One process, one connection, Redis on loopback; median of "
+        f"{rounds} interleaved rounds of about {0.2 if quick else 0.5} s per case. Ours: "
+        "`RateLimitMiddleware` around a view returning a short `HttpResponse`, a "
+        "RequestFactory GET, one enforced `fixed_window` policy of 10⁹ per minute on key "
+        "`ip` (every request admitted and charged, headers added), the app's Redis engine "
+        "(FCALL, counts tallied in process). `limits`: `hit()` of `1000000/minute` on "
+        "`RedisStorage`, no request object at all. The canned row answers the engine's "
+        "Redis call with a fixed reply: the difference to the view alone is our Python per "
+        "request.\n\n"
+        + table(["case", "per second", "±", "µs per call", "ours vs this"], rows)
+    )
+    section.checks += [
+        Check("whole middleware path vs a redis-py PING loop", med[OURS] / med[PING],
+              "≥ 0.6×", med[OURS] / med[PING] >= 0.6),
+        Check("whole middleware path vs a bare `limits` hit", med[OURS] / med[LIMITS],
+              "≥ 1.0×", med[OURS] / med[LIMITS] >= 1.0),
+        Check("our Python per request (canned reply minus the view alone), µs",
+              1e6 / med[CANNED] - 1e6 / med[VIEW], "reference", True, unit=" µs"),
+    ]
+    return section
+
+
+def _child(quick: bool) -> None:
     import django
     from django.conf import settings
 
+    port = common.REDIS_PORT
     settings.configure(
         SECRET_KEY="bench",
         DEBUG=False,
@@ -40,99 +86,76 @@ def _setup(redis_url: str) -> None:
         ALLOWED_HOSTS=["*"],
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
         INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "ratelimits"],
-        CACHES={
-            "default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url}
-        },
+        CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache",
+                            "LOCATION": common.OURS_URL}},
         RATELIMITS={"KEY_PREFIX": "bench-rl:"},
         LOGGING_CONFIG=None,
     )
     django.setup()
+    import redis
     from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def _per_request_us(fn: Any, n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - start) / n * 1e6
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="few, short rounds")
-    opts = parser.parse_args(argv)
-    rounds, n = (3, 2_000) if opts.quick else (7, 10_000)
-
-    from tests.redis_server import RedisProcess
-
-    server = RedisProcess().start()
-    try:
-        _setup(server.url)
-        _run(rounds, n)
-    finally:
-        server.stop()
-
-
-def _run(rounds: int, n: int) -> None:
     from django.db import transaction
     from django.http import HttpResponse
     from django.test import RequestFactory
+    from limits import parse, strategies
+    from limits.storage import RedisStorage
 
     from ratelimits.middleware import RateLimitMiddleware
     from ratelimits.models import Policy
     from ratelimits.pipeline.resolver import resolver
     from ratelimits.pipeline.store import get_engine
 
+    call_command("migrate", verbosity=0)
     with transaction.atomic():
-        Policy.objects.create(
-            name="bench", mode="enforce", algorithm="fixed_window", limit=10**9,
-            period=60, key="ip", path="*",
-        )
+        Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",
+                              limit=10**9, period=60, key="ip", path="*")
     rf = RequestFactory()
 
     def view(request: Any) -> Any:
         return HttpResponse("hello")
 
     middleware = RateLimitMiddleware(view)
-    real = get_engine().store  # the Redis engine behind the deny cache and leases
     assert middleware(rf.get("/hello/")).status_code == 200
+    store = get_engine().store
+    script = store._script
     version = resolver.snapshot().version
-
-    # The reply the batch script gives for one admitting limit: version, admitted, now,
-    # then allowed, remaining, reset_after, retry_after, delay (µs) and the outcome.
+    # what the batch function answers for one admitting limit (see contract.decode)
     canned_reply = [version, 1, 0, 1, 10**9 - 1, 60_000_000, 0, 0, b"a"]
 
-    class Canned:
-        def __call__(self, keys: Any, args: Any) -> Any:
-            return canned_reply
+    ping_client = redis.Redis(host=common.REDIS_HOST, port=port, db=common.PEERS_DB)
+    storage = RedisStorage(common.PEERS_URL)
+    item = parse("1000000/minute")
+    fixed = strategies.FixedWindowRateLimiter(storage)
+    sliding = strategies.SlidingWindowCounterRateLimiter(storage)
 
-    def bare() -> None:
-        view(rf.get("/hello/"))
+    def ours() -> None:
+        assert middleware(rf.get("/hello/")).status_code == 200
 
     def canned() -> None:
-        assert middleware(rf.get("/hello/")).status_code == 200
+        store._script = lambda keys, args: canned_reply
+        try:
+            assert middleware(rf.get("/hello/")).status_code == 200
+        finally:
+            store._script = script
 
-    def with_redis() -> None:
-        assert middleware(rf.get("/hello/")).status_code == 200
-
-    script = real._script
-    cases = {"bare": bare, "canned": canned, "redis": with_redis}
-    out: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            real._script = Canned() if name == "canned" else script
-            out[name].append(_per_request_us(fn, n if name != "redis" else max(200, n // 10)))
-    real._script = script
-
-    med = {k: statistics.median(v) for k, v in out.items()}
-    print(f"request path, {rounds} rounds, median µs per request")
-    print(f"  view alone (RequestFactory + view):          {med['bare']:8.1f}")
-    print(f"  middleware, canned engine reply:             {med['canned']:8.1f}")
-    print(f"  middleware, real Redis (private server):     {med['redis']:8.1f}")
-    print(f"  our Python per request (canned - view):      {med['canned'] - med['bare']:8.1f}")
+    cases = {
+        VIEW: lambda: view(rf.get("/hello/")),
+        CANNED: canned,
+        OURS: ours,
+        PING: ping_client.ping,
+        "limits fixed": lambda: fixed.hit(item, "203.0.113.7"),
+        "limits sliding": lambda: sliding.hit(item, "203.0.113.7"),
+    }
+    rounds, seconds = (3, 0.2) if quick else (7, 0.5)
+    rates = common.interleaved(cases, rounds, seconds)
+    fixed_rates, sliding_rates = rates.pop("limits fixed"), rates.pop("limits sliding")
+    rates[LIMITS] = max(fixed_rates, sliding_rates, key=median)
+    common.flush(common.OURS_DB, common.PEERS_DB)
+    print(json.dumps(rates))
 
 
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:
+        _child("--quick" in sys.argv)
+    else:
+        common.run_section(run)

@@ -17,7 +17,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import capacity, cluster, common, e2e, engine, exactness, memory, overrides, replay
+from bench import (
+    capacity,
+    cluster,
+    common,
+    e2e,
+    engine,
+    exactness,
+    memory,
+    overrides,
+    replay,
+    request_path,
+)
 from bench.common import Section, table
 
 SECTIONS = {
@@ -29,6 +40,7 @@ SECTIONS = {
     "6": replay.run,
     "7": cluster.run,
     "8": overrides.run,
+    "9": request_path.run,
 }
 
 
@@ -66,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [n.strip() for n in opts.only.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-7")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-9")
 
     start = time.perf_counter()
     sections = []
