@@ -74,11 +74,12 @@ def run(quick: bool = False) -> Section:
     return section
 
 
-def _child(quick: bool) -> None:
+def _setup(redis_url: str) -> None:
+    """Django settings for measuring the request path in this process (its cache, and so
+    the engine, on `redis_url`), and the database migrated."""
     import django
     from django.conf import settings
 
-    port = common.REDIS_PORT
     settings.configure(
         SECRET_KEY="bench",
         DEBUG=False,
@@ -87,13 +88,20 @@ def _child(quick: bool) -> None:
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
         INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "ratelimits"],
         CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache",
-                            "LOCATION": common.OURS_URL}},
+                            "LOCATION": redis_url}},
         RATELIMITS={"KEY_PREFIX": "bench-rl:"},
         LOGGING_CONFIG=None,
     )
     django.setup()
-    import redis
     from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def _child(quick: bool) -> None:
+    _setup(common.OURS_URL)
+    port = common.REDIS_PORT
+    import redis
     from django.db import transaction
     from django.http import HttpResponse
     from django.test import RequestFactory
@@ -105,7 +113,6 @@ def _child(quick: bool) -> None:
     from ratelimits.pipeline.resolver import resolver
     from ratelimits.pipeline.store import get_engine
 
-    call_command("migrate", verbosity=0)
     with transaction.atomic():
         Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",
                               limit=10**9, period=60, key="ip", path="*")
