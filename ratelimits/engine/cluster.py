@@ -48,11 +48,12 @@ from ratelimits.engine.contract import (
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keys import (
     base_key,
+    cell,
     guaranteed,
     new_token,
     period_us,
-    state_keys,
     stats_key,
+    stored_state,
     to_us,
 )
 from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease, returned_units
@@ -265,9 +266,10 @@ class ClusterEngine(Acquiring):
                     continue
                 limit = limits[i]
                 spec = REGISTRY[limit.algorithm]
-                keys.append(base_key(self.prefix, limit))
+                key, field = cell(self.prefix, limit)
+                keys.append(key)
                 args += (limit.algorithm, limit.limit, period_us(limit), spec.burst_of(limit),
-                         limit.cost, reply[o + FIELDS], reply[o + FIELDS + 1])
+                         limit.cost, reply[o + FIELDS], reply[o + FIELDS + 1], field)
                 r = i * FIELDS
                 raw[r + 1] = int(raw[r + 1]) + limit.cost
                 raw[r + 5] = "o"
@@ -643,8 +645,17 @@ class ClusterEngine(Acquiring):
             seconds, micros = self._guard(self.client.get_redis_connection(node).time)
             return int(seconds) * US + int(micros)
 
-        keys = state_keys(self.prefix, limit, now_us)
-        self._guard(lambda: self.client.delete(*keys))
+        keys, cells = stored_state(self.prefix, limit, now_us)
+
+        def delete() -> None:
+            pipe = self.client.pipeline()  # one slot: the limit's keys share a hash tag
+            for key in keys:
+                pipe.delete(key)
+            for hash_key, field in cells:
+                pipe.hdel(hash_key, field)
+            pipe.execute()
+
+        self._guard(delete)
 
     # -- leases (see engine/lease.py) -------------------------------------------------
 

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from ratelimits.engine import constants
-from ratelimits.engine.keys import base_key, new_token, period_us, to_us
+from ratelimits.engine.keys import cell, new_token, period_us, to_us
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
@@ -26,9 +26,10 @@ US = constants.US
 #: token ('' = none needed), the policy-version key ('' = none), the counters' prefix
 #: ('' = no counters).
 HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
-#: ARGV per limit, in this order; KEYS holds one base key per limit.
+#: ARGV per limit, in this order; KEYS holds one base key per limit (`keys.base_key`),
+#: and `field` names the client in it for a window algorithm ('' otherwise).
 LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
-              "wait_us")
+              "wait_us", "field")
 #: After the limits, each count the process tallied alone (`tally`) rides in this order:
 #: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
 CARRY_ARGS = ("kind", "name", "at", "what", "n")
@@ -138,9 +139,9 @@ def _charging_parts() -> tuple[str, ...]:
         "-- generated from ratelimits/engine/contract.py",
         lua_constants(),
         (lua / "prelude.lua").read_text("utf-8"),
-        _dispatcher("check", "key, now, L, P, B, c, mw",
+        _dispatcher("check", "key, f, now, L, P, B, c, mw",
                     {name: b[0] for name, b in bodies.items()}),
-        _dispatcher("commit", "key, now, L, P, B, c, r, token",
+        _dispatcher("commit", "key, f, now, L, P, B, c, r, token",
                     {name: b[1] for name, b in bodies.items()}),
     )
 
@@ -166,7 +167,7 @@ def refund_source() -> str:
             lua_constants(),
             (lua / "prelude.lua").read_text("utf-8"),
             (lua / "refund_prelude.lua").read_text("utf-8"),
-            _dispatcher("refund", "key, now, L, P, B, c, token, s1, s2",
+            _dispatcher("refund", "key, f, now, L, P, B, c, token, s1, s2",
                         {name: b[2] for name, b in _bodies().items()}),
             (lua / "refund.lua").read_text("utf-8"),
         )
@@ -217,7 +218,8 @@ def encode(
     keys = []
     for limit in limits:
         spec = REGISTRY[limit.algorithm]
-        keys.append(base_key(prefix, limit))
+        key, field = cell(prefix, limit)
+        keys.append(key)
         if token is None and spec.stores_members:
             token = args[1] = new_token()
         args += (
@@ -229,6 +231,7 @@ def encode(
             1 if limit.shadow else 0,
             to_us(limit.warmup),
             to_us(limit.max_wait),
+            field,
         )
     return keys, args, token
 
@@ -294,7 +297,8 @@ def assemble(
 # -- leases (lua/lease.lua) --------------------------------------------------------------
 
 #: ARGV per leased limit, after the one head value (now_us); KEYS: one base key each.
-LEASE_ARGS = ("algorithm", "limit", "period_us", "cost", "want", "back_window", "back_units")
+LEASE_ARGS = ("algorithm", "limit", "period_us", "cost", "want", "back_window", "back_units",
+              "field")
 #: The lease script's reply: now_us, then per limit these values.
 LEASE_FIELDS = ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after",
                 "returned")

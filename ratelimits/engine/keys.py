@@ -20,6 +20,7 @@ from ratelimits.engine.constants import (
     OFFENDERS_TTL,
     STATS_TTL,
     US,
+    WINDOW_SHARDS,
 )
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Limit
@@ -32,6 +33,8 @@ __all__ = [
     "STATS_TTL",
     "US",
     "base_key",
+    "cell",
+    "client_key",
     "guaranteed",
     "new_token",
     "offender_errors_key",
@@ -39,27 +42,78 @@ __all__ = [
     "period_us",
     "state_keys",
     "stats_key",
+    "stored_state",
     "to_us",
 ]
 
 
 def base_key(prefix: str, limit: Limit) -> str:
-    """`<prefix>{<hash of policy and client>}:<algorithm>`: fixed length, one hash slot."""
-    return _base_key(prefix, limit.name, limit.key, limit.algorithm)
+    """The key a Redis call declares for `limit`: the client's own key (`client_key`),
+    except under a window algorithm, whose counts are packed: a policy's clients are
+    spread over `WINDOW_SHARDS` shards by a hash of the client, each shard holds one hash
+    per window (`<base key>:<window>`), and the client is a field of it
+    (`window_field`). No key per client: a small hash stores a client in about 20 bytes
+    where a key of its own costs Redis 130."""
+    return _cell(prefix, limit.name, limit.key, limit.algorithm)[0]
+
+
+def cell(prefix: str, limit: Limit) -> tuple[str, str]:
+    """`base_key()` and the client's field in its shard's window hashes ('' for the
+    algorithms that keep a key per client)."""
+    return _cell(prefix, limit.name, limit.key, limit.algorithm)
+
+
+def client_key(prefix: str, limit: Limit) -> str:
+    """`<prefix>{<hash of policy and client>}:<algorithm>`: fixed length, one hash slot.
+    The in-process engine keys every client by it; Redis every client of the algorithms
+    that keep a state per client."""
+    return _cell(prefix, limit.name, limit.key, "")[0] + REGISTRY[limit.algorithm].code
+
+
+def _digest(name: str, key: str) -> bytes:
+    raw = name.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(raw, digest_size=12).digest()
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+@lru_cache(maxsize=1_024)
+def _policy_tag(name: str) -> str:
+    return _b64(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=6).digest())
 
 
 @lru_cache(maxsize=16_384)  # recent clients: a hot client's key is hashed once, not per call
-def _base_key(prefix: str, name: str, key: str, algorithm: str) -> str:
-    raw = name.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
-    digest = base64.urlsafe_b64encode(hashlib.blake2b(raw, digest_size=12).digest())
-    return f"{prefix}{{{digest.decode('ascii')}}}:{REGISTRY[algorithm].code}"
+def _cell(prefix: str, name: str, key: str, algorithm: str) -> tuple[str, str]:
+    """(key, field) of one client; `algorithm` '' gives the client key without its code."""
+    digest = _digest(name, key)
+    if algorithm and REGISTRY[algorithm].windowed:
+        shard = int.from_bytes(digest[:2], "big") % WINDOW_SHARDS
+        tag = f"{_policy_tag(name)}{shard:03x}"
+        return f"{prefix}{{{tag}}}:{REGISTRY[algorithm].code}", _b64(digest[2:10])
+    code = REGISTRY[algorithm].code if algorithm else ""
+    return f"{prefix}{{{_b64(digest)}}}:{code}", ""
+
+
+def stored_state(
+    prefix: str, limit: Limit, now_us: Callable[[], int]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Where Redis holds one client's state under `limit`: keys of its own (its key, the
+    warm-up's state), and (hash, field) cells of a window algorithm's current and
+    previous windows (`now_us` is asked only then). What `reset()` deletes."""
+    key, field = cell(prefix, limit)
+    if not REGISTRY[limit.algorithm].windowed:
+        return [key, f"{key}:w"] if limit.warmup else [key], []
+    win = now_us() // period_us(limit)
+    return [], [(f"{key}:{win}", field), (f"{key}:{win - 1}", field)]
 
 
 def state_keys(prefix: str, limit: Limit, now_us: Callable[[], int]) -> list[str]:
-    """Every key holding one client's state under `limit`: the base key, a window
-    algorithm's current and previous windows (`now_us` is asked only then), the warm-up's
-    state. What `reset()` deletes."""
-    key = base_key(prefix, limit)
+    """Every key of the in-process engine holding one client's state under `limit`: its
+    key, a window algorithm's current and previous windows (`now_us` is asked only then),
+    the warm-up's state. What `MemoryEngine.reset()` deletes."""
+    key = client_key(prefix, limit)
     keys = [key]
     if REGISTRY[limit.algorithm].windowed:
         win = now_us() // period_us(limit)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import LEASE_ARGS, LEASE_FIELDS
-from ratelimits.engine.keys import base_key, period_us, to_us
+from ratelimits.engine.keys import cell, period_us, to_us
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
 __all__ = [
@@ -82,18 +82,22 @@ def encode_lease(
     keys: list[str] = []
     args: list[Any] = ["" if now is None else to_us(now)]
     for item in back:
-        keys.append(base_key(prefix, item.limit))
-        args += _args(item.limit, 0, item.window, item.units)
+        key, field = cell(prefix, item.limit)
+        keys.append(key)
+        args += _args(item.limit, 0, item.window, item.units, field)
     for limit in limits:
         if limit.batch is None:
             raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
-        keys.append(base_key(prefix, limit))
-        args += _args(limit, limit.batch, "", 0)
+        key, field = cell(prefix, limit)
+        keys.append(key)
+        args += _args(limit, limit.batch, "", 0, field)
     return keys, args
 
 
-def _args(limit: Limit, want: int, window: int | str, units: int) -> tuple[Any, ...]:
-    values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units)
+def _args(limit: Limit, want: int, window: int | str, units: int,
+          field: str) -> tuple[Any, ...]:
+    values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units,
+              field)
     assert len(values) == len(LEASE_ARGS)
     return values
 

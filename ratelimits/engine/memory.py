@@ -40,7 +40,7 @@ from ratelimits.engine.constants import (
 )
 from ratelimits.engine.contract import assemble
 from ratelimits.engine.keys import (
-    base_key,
+    client_key,
     guaranteed,
     new_token,
     offenders_key,
@@ -274,7 +274,7 @@ class MemoryEngine(Acquiring):
         if limit.max_wait or limit.warmup:  # bound here: the plain checks stay as fast
             check, commit = waiting_and_warm(check, commit, limit)
         return Prepared(
-            base_key(self.prefix, limit),
+            client_key(self.prefix, limit),
             check,
             commit,
             float(limit.limit),
@@ -351,7 +351,7 @@ class MemoryEngine(Acquiring):
             return
         with self._lock:
             for limit, members in holding:
-                entry = self._store.data.get(base_key(self.prefix, limit))
+                entry = self._store.data.get(client_key(self.prefix, limit))
                 if entry is not None:
                     for name in members:
                         entry[0].pop(name, None)
@@ -385,7 +385,7 @@ class MemoryEngine(Acquiring):
             store = self._store
             for decision in decisions:
                 for limit, members in decision.holding():
-                    key = base_key(self.prefix, limit)
+                    key = client_key(self.prefix, limit)
                     held: dict[str, float] | None = store.get(key, now_f)
                     if not held:
                         continue

@@ -30,8 +30,8 @@ from ratelimits.engine.keys import (
     offender_errors_key,
     offenders_key,
     period_us,
-    state_keys,
     stats_key,
+    stored_state,
     to_us,
 )
 from ratelimits.engine.lease import (
@@ -306,7 +306,13 @@ class RedisEngine(Acquiring):
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
-        self.client.delete(*state_keys(self.prefix, limit, lambda: self._now_us(now)))
+        keys, cells = stored_state(self.prefix, limit, lambda: self._now_us(now))
+        pipe = self.client.pipeline(transaction=False)
+        if keys:
+            pipe.delete(*keys)
+        for key, field in cells:
+            pipe.hdel(key, field)
+        pipe.execute()
 
     def _now_us(self, now: float | None) -> int:
         if now is not None:

@@ -39,8 +39,10 @@ class Algorithm:
     stores_members: bool = False
     #: Holds its units while the request runs: `release()` frees them after the response.
     holds_slots: bool = False
-    #: Keeps state per aligned window (`<key>:<window>`): `reset()` clears the current and
-    #: previous windows.
+    #: Keeps a count per client and aligned window, in Redis as a field of a hash shared
+    #: by a shard of the policy's clients (`keys.base_key`): its Lua bodies read and
+    #: write field `f` of `<key>:<window>`; `reset()` clears the current and previous
+    #: windows.
     windowed: bool = False
     #: Can be replayed from an access log (a log does not say how long a request ran).
     replayable: bool = True

@@ -105,7 +105,7 @@ def reset_state() -> None:
     watchdog.stop()
     room.reset()
     metrics._state = (None, None)
-    keys._base_key.cache_clear()
+    keys._cell.cache_clear()
     process.last_unavailable_log = 0.0
     process.version_at = -float("inf")
     process.db_checked_at = -float("inf")

@@ -18,7 +18,7 @@ from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, MemoryEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.contract import encode
-from ratelimits.engine.keys import base_key, period_us, stats_key, to_us
+from ratelimits.engine.keys import base_key, cell, period_us, stats_key, to_us
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 from tests.engine.test_conformance import SCENARIOS
@@ -67,10 +67,10 @@ def three_on_three(client, algorithms=("fixed_window", "sliding_log", "gcra"),
 
 def _state(client, limit: Limit, now: float) -> object:
     """What the cluster holds for one limit, read raw (windows at `now`)."""
-    key = base_key("rl:", limit)
+    key, field = cell("rl:", limit)
     if limit.spec.windowed:
         win = math.floor(to_us(now) / period_us(limit))
-        return (client.get(f"{key}:{win}"), client.get(f"{key}:{win - 1}"))
+        return (client.hget(f"{key}:{win}", field), client.hget(f"{key}:{win - 1}", field))
     kind = client.type(key)
     if kind == b"zset":
         return client.zrange(key, 0, -1, withscores=True)

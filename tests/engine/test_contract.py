@@ -8,7 +8,7 @@ import pytest
 
 from ratelimits.engine import Limit, RedisEngine, constants, contract
 from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
-from ratelimits.engine.keys import base_key
+from ratelimits.engine.keys import base_key, cell, client_key
 from tests.engine.conftest import T0
 
 
@@ -57,7 +57,26 @@ def test_encode_puts_each_value_where_its_name_says():
     second = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + len(LIMIT_ARGS):], strict=True))
     assert second == {"algorithm": "leaky_bucket", "limit": 9, "period_us": 1_500_000,
                       "burst": 0, "cost": 1, "shadow": 1, "warmup_us": 0,
-                      "wait_us": 250_000}
+                      "wait_us": 250_000, "field": ""}
+
+
+def test_a_window_limit_names_its_shard_and_its_field():
+    """A window algorithm's clients share their policy's shard hashes: the key is the
+    policy's and the shard's, the client a field; every other algorithm keys the client."""
+    a, b = (Limit(f"10.0.0.{i}", "sliding_window", 5, 60, name="p") for i in (1, 2))
+    keys, args, _ = encode([a, b], prefix="rl:", now=T0, stats=False)
+    fields = [args[len(HEAD_ARGS) + i * len(LIMIT_ARGS) + LIMIT_ARGS.index("field")]
+              for i in (0, 1)]
+    assert [(k, f) for k, f in zip(keys, fields, strict=True)] == [cell("rl:", a),
+                                                                   cell("rl:", b)]
+    assert fields[0] != fields[1] and all(len(f) == 11 for f in fields)
+    tag = re.compile(r"rl:\{([A-Za-z0-9_-]{8})([0-9a-f]{3})\}:sw")
+    shards = [tag.fullmatch(k) for k in keys]
+    assert all(shards) and shards[0][1] == shards[1][1]  # one policy: one tag
+    other = Limit("10.0.0.1", "sliding_window", 5, 60, name="q")
+    assert tag.fullmatch(base_key("rl:", other))[1] != shards[0][1]
+    assert client_key("rl:", a) != client_key("rl:", b)  # the in-process engine's keys
+    assert cell("rl:", Limit("10.0.0.1", "gcra", 5, 60, name="p"))[1] == ""
 
 
 def test_no_token_is_drawn_when_no_limit_names_members():

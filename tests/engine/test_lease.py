@@ -16,7 +16,7 @@ import redis.cluster
 
 from ratelimits.engine import EngineUnavailable, Limit, MemoryEngine, RedisEngine
 from ratelimits.engine.frontline import Frontline
-from ratelimits.engine.keys import base_key
+from ratelimits.engine.keys import base_key, cell
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leases, Leftover
 from tests.engine.conftest import T0
 
@@ -42,7 +42,8 @@ def engine(redis_client: redis.Redis) -> RedisEngine:
 
 
 def count(client: redis.Redis, limit: Limit, window: int = WINDOW) -> int:
-    return int(client.get(f"{base_key('rl:', limit)}:{window}") or 0)
+    key, field = cell("rl:", limit)
+    return int(client.hget(f"{key}:{window}", field) or 0)
 
 
 # -- the script -------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def test_give_back_keeps_the_window_key_expiry(engine, redis_client):
     limit = fixed()
     engine.lease([limit], now=T0 + 30)
     engine.give_back([Leftover(limit, WINDOW, 10)], now=T0 + 31)
-    key = f"{base_key('rl:', limit)}:{WINDOW}"
+    key = f"{cell('rl:', limit)[0]}:{WINDOW}"
     assert 0 < redis_client.pttl(key) <= 30_000
 
 
@@ -367,8 +368,9 @@ def test_eight_processes_never_admit_more_than_the_limit_and_lease_in_batches(pr
     admitted = race(_redis_engine, private_redis.url)
     total = sum(admitted)
     assert RACE_LIMIT - RACERS * RACE_BATCH <= total <= RACE_LIMIT
-    key = f"{base_key('rl:', Limit('hot', 'fixed_window', 1, MINUTE, name='race'))}:{WINDOW}"
-    assert int(client.get(key)) <= RACE_LIMIT  # charged before spent, never past the limit
+    key, field = cell("rl:", Limit("hot", "fixed_window", 1, MINUTE, name="race"))
+    # charged before spent, never past the limit
+    assert int(client.hget(f"{key}:{WINDOW}", field)) <= RACE_LIMIT
     # a lease call per 50 admissions, give or take each process's last partial lease, its
     # refusal (remembered for a second after) and the renewals of leases a second old
     calls = lease_calls(client)

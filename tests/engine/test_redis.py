@@ -11,7 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine
+from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine, keys
 from ratelimits.engine.keys import (
     OFFENDERS_CAP,
     OFFENDERS_TTL,
@@ -21,7 +21,8 @@ from ratelimits.engine.keys import (
 )
 from tests.engine.conftest import T0
 
-KEY = re.compile(r"^rl:\{[A-Za-z0-9_-]{16}\}:[a-z]{1,2}(:\d+)?$")
+# a client's own key, or a window algorithm's shard of a policy (8 + 3 characters)
+KEY = re.compile(r"^rl:\{([A-Za-z0-9_-]{16}|[A-Za-z0-9_-]{8}[0-9a-f]{3})\}:[a-z]{1,2}(:\d+)?$")
 
 
 def limit_for(algorithm: str, key: str = "client", **kwargs) -> Limit:
@@ -65,6 +66,36 @@ def test_any_client_key_becomes_one_fixed_length_key(engine, redis_client, clien
     assert decision.allowed
     (key,) = redis_client.keys("rl:{*")
     assert KEY.match(key.decode()) and len(key) < 40
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+def test_window_clients_are_fields_of_a_few_small_hashes(redis_client, monkeypatch,
+                                                          algorithm):
+    """No key per client: 300 clients of one policy fill one compact hash per shard and
+    window, each client's count is its own, and the hashes expire with their window."""
+    monkeypatch.setattr(keys, "WINDOW_SHARDS", 8)
+    keys._cell.cache_clear()
+    try:
+        engine = RedisEngine(redis_client)
+        clients = [Limit(f"10.0.{i // 256}.{i % 256}", algorithm, 2, 60, name="p")
+                   for i in range(300)]
+        admitted = sum(engine.evaluate([c], now=T0 + 1 + t).allowed
+                       for t in range(3) for c in clients)
+        assert admitted == 2 * len(clients)
+        hashes = redis_client.keys("rl:{*")
+        assert len(hashes) == 8
+        assert {redis_client.object("encoding", k) for k in hashes} == {b"listpack"}
+        assert sum(redis_client.hlen(k) for k in hashes) == len(clients)
+        ttl = [redis_client.pttl(k) for k in hashes]
+        window_end = (60 if algorithm == "fixed_window" else 120) * 1000
+        # T0 is a whole number of minutes: a window's end, 59 s after the first writes
+        # (and a second of slack for the time this test takes)
+        assert all(window_end - 2_000 <= t <= window_end - 1_000 for t in ttl), ttl
+        engine.reset(clients[0], now=T0 + 5)
+        assert engine.evaluate([clients[0]], now=T0 + 5).allowed
+        assert not engine.evaluate([clients[1]], now=T0 + 5).allowed
+    finally:
+        keys._cell.cache_clear()
 
 
 def test_limits_of_one_policy_and_client_share_a_hash_slot(engine, redis_client):
@@ -158,7 +189,7 @@ def test_counts_are_tallied_and_ride_a_call_about_twice_a_second(private_redis, 
     client = redis.Redis.from_url(private_redis.url)
     engine = RedisEngine(client)
     engine.tally.every = 30.0  # the background flush stays out of this test
-    limit = Limit("c", "fixed_window", 40, 60, name="p")
+    limit = Limit("c", "gcra", 40, 60, name="p")  # gcra: no HINCRBY of its own
     for _ in range(50):
         engine.evaluate([limit], now=T0)
 

@@ -22,7 +22,7 @@ for i = 1, n do
     tonumber(ARGV[o + ARG_BURST])
   local c, W, mw = tonumber(ARGV[o + ARG_COST]), tonumber(ARGV[o + ARG_WARMUP_US]),
     tonumber(ARGV[o + ARG_WAIT_US])
-  local r = check(ARGV[o + ARG_ALGORITHM], KEYS[i], now, L, P, B, c, mw)
+  local r = check(ARGV[o + ARG_ALGORITHM], KEYS[i], ARGV[o + ARG_FIELD], now, L, P, B, c, mw)
   if W > 0 then r = warm_check(KEYS[i], now, L, P, B, c, W, mw, r) end
   checks[i] = r
   if r[1] == 0 and ARGV[o + ARG_SHADOW] == '0' then admitted = 0 end
@@ -36,8 +36,9 @@ for i = 1, n do
   local c = tonumber(ARGV[o + ARG_COST])
   local field
   if r[1] == 1 and admitted == 1 then
-    commit(ARGV[o + ARG_ALGORITHM], KEYS[i], now, tonumber(ARGV[o + ARG_LIMIT]),
-      tonumber(ARGV[o + ARG_PERIOD_US]), tonumber(ARGV[o + ARG_BURST]), c, r, token)
+    commit(ARGV[o + ARG_ALGORITHM], KEYS[i], ARGV[o + ARG_FIELD], now,
+      tonumber(ARGV[o + ARG_LIMIT]), tonumber(ARGV[o + ARG_PERIOD_US]),
+      tonumber(ARGV[o + ARG_BURST]), c, r, token)
     if r.wn then warm_commit(KEYS[i], r) end
     field = 'a'
   elseif r[1] == 1 then

@@ -1,12 +1,12 @@
 -- Leases: a process takes up to `want` units of a fixed_window or sliding_window limit
 -- at once and spends them locally; unspent units come back here. The units are charged
--- to the algorithm's own window key (<base key>:<window>, as fixed_window.lua and
--- sliding_window.lua write it), so leased and unleased requests of one policy share one
+-- to the algorithm's own window count (field `field` of <base key>:<window>, as
+-- fixed_window.lua and sliding_window.lua write it), so leased and unleased requests of one policy share one
 -- count, and a unit is charged before it is spent.
 --
 -- ARGV: now_us ('' = the server's TIME), then per key LEASE_PER values at the offsets
 -- LEASE_*: algorithm, limit, period_us, cost, want (0 = only give back), back_window
--- ('' = nothing to give back), back_units. KEYS: one base key per limit.
+-- ('' = nothing to give back), back_units, field. KEYS: one base key per limit.
 -- Per key, first the give-back: back_units return to window back_window only while it is
 -- still the current window (a window that ended keeps its count: its requests are over,
 -- and a sliding window's previous count must not shrink under the next one's estimate),
@@ -42,18 +42,19 @@ for i = 1, #KEYS do
   local want = tonumber(ARGV[o + LEASE_WANT])
   local back_window = tonumber(ARGV[o + LEASE_BACK_WINDOW])
   local back = tonumber(ARGV[o + LEASE_BACK_UNITS]) or 0
+  local f = ARGV[o + LEASE_FIELD]
   if algorithm ~= 'fixed_window' and algorithm ~= 'sliding_window' then
     error('a lease needs fixed_window or sliding_window, not ' .. tostring(algorithm))
   end
   local win = math.floor(now / P)
   local elapsed = now - win * P
   local k = KEYS[i] .. ':' .. fmt(win)
-  local cur = tonumber(redis.call('GET', k)) or 0
+  local cur = tonumber(redis.call('HGET', k, f)) or 0
   local returned = 0
   if back > 0 and back_window == win and cur > 0 then
     returned = math.min(back, cur)
     cur = cur - returned
-    redis.call('DECRBY', k, returned)  -- the key keeps its expiry
+    redis.call('HINCRBY', k, f, -returned)  -- the hash keeps its expiry
   end
   local granted, remaining, reset, retry = 0, 0, 0, 0
   local ends = P - elapsed
@@ -62,22 +63,24 @@ for i = 1, #KEYS do
     reset = ends
     if want > 0 and left >= c then
       granted = math.min(want, left)
-      redis.call('INCRBY', k, granted)
-      redis.call('PEXPIRE', k, ttl_ms(reset))
+      if redis.call('HINCRBY', k, f, granted) == granted then
+        redis.call('PEXPIRE', k, ttl_ms(reset))
+      end
     elseif want > 0 then
       retry = reset
     end
     remaining = floor0(left - granted)
   else
-    local prev = tonumber(redis.call('GET', KEYS[i] .. ':' .. fmt(win - 1))) or 0
+    local prev = tonumber(redis.call('HGET', KEYS[i] .. ':' .. fmt(win - 1), f)) or 0
     local est = prev * (P - elapsed) / P + cur
     -- floor(L - est + TOKEN_EPS) >= c exactly when est + c <= L + TOKEN_EPS: the check
     -- of sliding_window.lua
     local left = math.floor(L - est + TOKEN_EPS)
     if want > 0 and left >= c then
       granted = math.min(want, left)
-      redis.call('INCRBY', k, granted)
-      redis.call('PEXPIRE', k, ttl_ms(2 * P - elapsed))
+      if redis.call('HINCRBY', k, f, granted) == granted then
+        redis.call('PEXPIRE', k, ttl_ms(2 * P - elapsed))
+      end
       reset = 2 * P - elapsed
     else
       if want > 0 then

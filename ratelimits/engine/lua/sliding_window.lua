@@ -1,11 +1,12 @@
--- Two aligned counters; the previous window counts in proportion to its overlap with
--- the sliding period ending now.
+-- Two aligned counts per client (field f of its shard's window hashes, as in
+-- fixed_window.lua); the previous window counts in proportion to its overlap with the
+-- sliding period ending now.
 --[[check]]
 local win = math.floor(now / P)
 local elapsed = now - win * P
 local k = key .. ':' .. fmt(win)
-local cur = tonumber(redis.call('GET', k)) or 0
-local prev = tonumber(redis.call('GET', key .. ':' .. fmt(win - 1))) or 0
+local cur = tonumber(redis.call('HGET', k, f)) or 0
+local prev = tonumber(redis.call('HGET', key .. ':' .. fmt(win - 1), f)) or 0
 local est = prev * (P - elapsed) / P + cur
 if est + c <= L + TOKEN_EPS then
   return {1, floor0(L - est - c), 2 * P - elapsed, 0, 0, k, elapsed}
@@ -23,8 +24,10 @@ local reset = P - elapsed
 if cur > 0 then reset = 2 * P - elapsed end
 return {0, floor0(L - est), reset, retry, 0}
 --[[commit]]
-redis.call('INCRBY', r[6], c)
-redis.call('PEXPIRE', r[6], ttl_ms(2 * P - r[7]))
+-- kept until the next window has ended: it counts there as the previous one
+if redis.call('HINCRBY', r[6], f, c) == c then
+  redis.call('PEXPIRE', r[6], ttl_ms(2 * P - r[7]))
+end
 --[[refund]]
--- s1: the window key the charge counted in (a plain sum: exact whatever came since)
-if redis.call('EXISTS', s1) == 1 then redis.call('DECRBY', s1, c) end
+-- s1: the window hash the charge counted in (a plain sum: exact whatever came since)
+if redis.call('HEXISTS', s1, f) == 1 then redis.call('HINCRBY', s1, f, -c) end
