@@ -42,7 +42,7 @@ def test_an_empty_window_refuses_without_charging_the_unleased_policy(
     refused = client.get("/hello/")
     assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
     # "other" was charged for the two admitted requests only
-    counts = [int(redis_client.get(k)) for k in redis_client.keys("*:fw:*")]
+    counts = [int(n) for k in redis_client.keys("*:fw:*") for n in redis_client.hvals(k)]
     assert sorted(counts) == [2, 2]
 
 
