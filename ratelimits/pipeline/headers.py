@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from ratelimits.pipeline.verdict import Outcome
@@ -37,6 +38,16 @@ def _seconds(value: float) -> int:
     return max(0, math.ceil(value))
 
 
+@lru_cache(maxsize=1_024)  # a policy's field changes only with its figures
+def _policy_field(name: str, quota: int, period: float, holds: bool) -> tuple[str, str]:
+    """The policy's name as a structured-field string, and its RateLimit-Policy value."""
+    text = _sf_string(name)
+    policy = f"{text};q={quota}"
+    if not holds:  # slots are held, not spent per window
+        policy += f";w={_seconds(period)}"
+    return text, policy
+
+
 def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
     """The headers describing one policy's state for this client, in `style`."""
     result = outcome.result
@@ -50,10 +61,8 @@ def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
     reset = _seconds(result.reset_after if result.allowed else result.retry_after)
     headers: dict[str, str] = {}
     if style in ("ietf", "both"):
-        name = _sf_string(outcome.policy.name)
-        policy = f"{name};q={quota}"
-        if not limit.spec.holds_slots:  # slots are held, not spent per window
-            policy += f";w={_seconds(limit.period)}"
+        name, policy = _policy_field(outcome.policy.name, quota, limit.period,
+                                     limit.spec.holds_slots)
         headers["RateLimit-Policy"] = policy
         headers["RateLimit"] = f"{name};r={remaining};t={reset}"
     if style in ("legacy", "both"):

@@ -184,6 +184,13 @@ def _parse_address(value: Any) -> Address | None:
     """An address from `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`; None if anything else."""
     if not isinstance(value, str):
         return None
+    if len(value) > 128:  # not remembered: a header's garbage must not fill the cache
+        return _parse_text.__wrapped__(value)
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=4_096)  # recent peers: a client's address is parsed once
+def _parse_text(value: str) -> Address | None:
     text = value.strip()
     if not text or len(text) > 64:
         return None
@@ -224,6 +231,7 @@ def _is_trusted(address: Address, networks: Sequence[Network]) -> bool:
     return any(address in network for network in networks)
 
 
+@functools.lru_cache(maxsize=4_096)
 def _format(address: Address, ipv6_prefix: int) -> str:
     if isinstance(address, ipaddress.IPv4Address):
         return str(address)

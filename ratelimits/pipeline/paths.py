@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from urllib.parse import unquote
 
 __all__ = ["MAX_PATH_LENGTH", "MAX_PATTERN_LENGTH", "PathPattern", "normalize_path"]
@@ -25,8 +26,24 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _REPLACEMENT = "\ufffd"
 
 
+#: Paths up to this long are remembered once normalised (a site serves few distinct paths
+#: often; a path with an id in it costs one miss).
+_CACHED_LENGTH = 256
+
+
 def normalize_path(path: str) -> str:
     """The canonical form of a request path; never raises, always starts with `/`."""
+    if isinstance(path, str) and len(path) <= _CACHED_LENGTH:
+        return _normalize_cached(path)
+    return _normalize(path)
+
+
+@lru_cache(maxsize=4_096)
+def _normalize_cached(path: str) -> str:
+    return _normalize(path)
+
+
+def _normalize(path: str) -> str:
     text = path[:_MAX_INPUT] if isinstance(path, str) else str(path)[:_MAX_INPUT]
     text = _UNSAFE.sub(_REPLACEMENT, text)
     for _ in range(_DECODE_PASSES):
