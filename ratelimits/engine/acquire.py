@@ -44,10 +44,22 @@ class _RealClock:
 
 
 class Acquiring:
-    """`acquire()` and `aacquire()` for an engine that has `evaluate(limits, now)`."""
+    """`acquire()` and `aacquire()` for an engine that has `evaluate(limits, now)`, and
+    `aevaluate()`/`arelease()`: in a worker thread unless the engine awaits its store
+    natively (`Frontline` with an asyncio twin, `engine.aio`) or has none to wait for
+    (`MemoryEngine`)."""
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         raise NotImplementedError
+
+    async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """`evaluate()` for async code."""
+        return await asyncio.to_thread(self.evaluate, limits, now)
+
+    async def arelease(self, decision: Decision) -> None:
+        """`release()` for async code."""
+        # every engine has release(); Frontline reaches its store's through __getattr__
+        await asyncio.to_thread(self.release, decision)  # type: ignore[attr-defined]
 
     def acquire(self, limits: Sequence[Limit], timeout: float | None = None, *,
                 clock: Clock | None = None) -> Decision:

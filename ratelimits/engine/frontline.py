@@ -22,6 +22,7 @@ Everything else the store engine offers is reached through this object unchanged
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import threading
@@ -155,22 +156,56 @@ class Frontline(Acquiring):
         #: this process's leases of the limits with a `batch` (see `lease`)
         self.leases = lease.Leases()
 
+    #: The store engine's asyncio twin (`engine.aio.AsyncRedisEngine`), when the app
+    #: built one: `aevaluate()` then awaits the store on the event loop.
+    aio: Any = None
+
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Decide a request: in process when one of its limits refused this client within
         the last `HOLD` seconds and its retry time has not come, else in the store."""
         at = self.clock() if now is None else now
-        local = self.denied.answer(limits, at)
+        local = self._remembered(limits, at)
         if local is not None:
-            self.store.count_locally(local, to_us(at))
             return local
         if any(limit.batch is not None for limit in limits):
-            # leased limits from this process's units; only the others go to the store
-            decision, answered = lease.decide(self.store, self.leases, limits, now, at)
-            if answered.results:
-                self.store.count_locally(answered, to_us(at))
+            decision = self._leased(limits, now, at)
         else:
             decision = self.store.evaluate(limits, now)
         self.denied.learn(decision, at)
+        return decision
+
+    async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """`evaluate()` for async code: the store awaited on the event loop when it has
+        an asyncio twin (a worker thread otherwise, and for leased limits, whose leases
+        are taken by the blocking engine)."""
+        at = self.clock() if now is None else now
+        local = self._remembered(limits, at)
+        if local is not None:
+            return local
+        if self.aio is None or any(limit.batch is not None for limit in limits):
+            return await asyncio.to_thread(self.evaluate, limits, now)
+        decision: Decision = await self.aio.evaluate(limits, now)
+        self.denied.learn(decision, at)
+        return decision
+
+    async def arelease(self, decision: Decision) -> None:
+        if self.aio is None:
+            await asyncio.to_thread(self.store.release, decision)
+        else:
+            await self.aio.release(decision)
+
+    def _remembered(self, limits: Sequence[Limit], at: float) -> Decision | None:
+        """The deny cache's answer, counted like the store's; None to ask the store."""
+        local = self.denied.answer(limits, at)
+        if local is not None:
+            self.store.count_locally(local, to_us(at))
+        return local
+
+    def _leased(self, limits: Sequence[Limit], now: float | None, at: float) -> Decision:
+        """Leased limits from this process's units; only the others go to the store."""
+        decision, answered = lease.decide(self.store, self.leases, limits, now, at)
+        if answered.results:
+            self.store.count_locally(answered, to_us(at))
         return decision
 
     def reset(self, limit: Limit, now: float | None = None) -> None:

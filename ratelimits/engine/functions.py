@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["StoredScript"]
+__all__ = ["StoredScript", "loaded_mode", "next_step"]
 
 #: How the server says that a library is missing, or that it has no Functions for us.
 _NOT_FOUND = "function not found"
@@ -61,30 +61,45 @@ class StoredScript:
     def recover(self, error: Exception) -> bool:
         """After `error` from a call: load the library, or fall back to EVALSHA, and say
         whether the call may be made again. Errors of the call itself return False."""
-        message = str(error).lower()
-        if isinstance(error, redis.exceptions.NoScriptError):
-            return True  # EVALSHA in a pipeline: the call alone loads the script
-        if not isinstance(error, redis.ResponseError):
-            return False
-        if any(text in message for text in _NO_FUNCTIONS):
+        step = next_step(error)
+        if step == "evalsha":
             self.mode = "evalsha"
-            return True
-        if _NOT_FOUND in message:
+        elif step == "load":
             self.load()
-            return True
-        return False
+        return step is not None
 
     def load(self) -> None:
         """Load the library (once per server; a library already there is kept)."""
         try:
             self.client.function_load(self.code)
         except redis.ResponseError as exc:
-            message = str(exc).lower()
-            if "already exists" in message:
-                self.mode = "fcall"
-            elif any(text in message for text in _NO_FUNCTIONS):
-                self.mode = "evalsha"
-            else:
-                raise
+            self.mode = loaded_mode(exc)
         else:
             self.mode = "fcall"
+
+
+def next_step(error: Exception) -> str | None:
+    """What a failed call asks for: "evalsha" (the server or the user has no Functions),
+    "load" (the library is missing), "again" (a pipelined EVALSHA met NOSCRIPT: the call
+    alone loads the script), or None (an error of the call itself)."""
+    if isinstance(error, redis.exceptions.NoScriptError):
+        return "again"
+    if not isinstance(error, redis.ResponseError):
+        return None
+    message = str(error).lower()
+    if any(text in message for text in _NO_FUNCTIONS):
+        return "evalsha"
+    if _NOT_FOUND in message:
+        return "load"
+    return None
+
+
+def loaded_mode(error: redis.ResponseError) -> str:
+    """The mode after `FUNCTION LOAD` failed with `error` (raised again when it is not
+    "already loaded" or "no Functions here")."""
+    message = str(error).lower()
+    if "already exists" in message:
+        return "fcall"
+    if any(text in message for text in _NO_FUNCTIONS):
+        return "evalsha"
+    raise error

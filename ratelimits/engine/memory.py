@@ -344,6 +344,13 @@ class MemoryEngine(Acquiring):
             counts, errors = (dict(entry[0][0]), dict(entry[0][1])) if entry else ({}, {})
         return guaranteed(counts, errors, n)
 
+    async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """`evaluate()` on the event loop itself: in process, nothing to wait for."""
+        return self.evaluate(limits, now)
+
+    async def arelease(self, decision: Decision) -> None:
+        self.release(decision)
+
     def release(self, decision: Decision) -> None:
         """Free the slots an admitted decision holds."""
         holding = decision.holding()

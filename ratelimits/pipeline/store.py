@@ -105,6 +105,47 @@ def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -
     return redis.Redis(connection_pool=new_pool)
 
 
+#: Connection settings whose value is a blocking client's own class or object.
+_SYNC_ONLY = ("retry", "parser_class")
+
+
+def async_twin_client(client: Any) -> Any:
+    """A `redis.asyncio` client on the same server as the limiter client `client`, with
+    the same options (server, database, credentials, TLS, timeouts, no retries). A
+    Sentinel pool becomes an asyncio Sentinel pool asking the same sentinels."""
+    import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.sentinel import SentinelConnectionPool
+
+    pool = client.connection_pool
+    kwargs = {k: v for k, v in pool.connection_kwargs.items()
+              if not k.startswith(_POOL_PRIVATE) and k not in _SYNC_ONLY}
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    if isinstance(pool, SentinelConnectionPool):
+        import redis.asyncio.sentinel
+
+        manager = pool.sentinel_manager
+        sentinels = [(s.connection_pool.connection_kwargs["host"],
+                      s.connection_pool.connection_kwargs["port"])
+                     for s in manager.sentinels]
+        async_manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            sentinels, min_other_sentinels=manager.min_other_sentinels,
+            sentinel_kwargs=manager.sentinel_kwargs,
+        )
+        new_pool: Any = redis.asyncio.sentinel.SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            pool.service_name, async_manager, is_master=pool.is_master, **kwargs
+        )
+    else:
+        name = pool.connection_class.__name__  # Connection, SSLConnection, Unix...
+        new_pool = redis.asyncio.ConnectionPool(
+            connection_class=getattr(redis.asyncio.connection, name),
+            max_connections=pool.max_connections,
+            **kwargs,
+        )
+    return redis.asyncio.Redis(connection_pool=new_pool)
+
+
 def url_client(url: RedisURL, socket_timeout: float, connect_timeout: float) -> Any:
     """A limiter client on the one server (or socket) of `REDIS_URL`."""
     import redis
@@ -189,10 +230,8 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
         return Frontline(
             cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]), **shared)
         )
-    from ratelimits.engine import RedisEngine
-
     if url is not None:
-        return Frontline(RedisEngine(url_client(url, *timeouts), **shared))
+        return _with_async_twin(url_client(url, *timeouts), shared)
     alias = config["CACHE"]
     if cache_backend(alias) is None:
         raise ImproperlyConfigured(
@@ -202,7 +241,20 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     client = redis_client_for(alias)
     if client is None:
         return get_local_engine()
-    return Frontline(RedisEngine(limiter_client(client, *timeouts), **shared))
+    return _with_async_twin(limiter_client(client, *timeouts), shared)
+
+
+def _with_async_twin(client: Any, shared: Mapping[str, Any]) -> Any:
+    """A `RedisEngine` on `client` behind a `Frontline`, with its asyncio twin: async
+    requests await the store on their event loop."""
+    from ratelimits.engine import RedisEngine
+    from ratelimits.engine.aio import AsyncRedisEngine
+    from ratelimits.engine.frontline import Frontline
+
+    engine = RedisEngine(client, **shared)
+    frontline = Frontline(engine)
+    frontline.aio = AsyncRedisEngine(engine, lambda: async_twin_client(client))
+    return frontline
 
 
 def _reach_cluster(url: RedisURL, timeouts: tuple[float, float], breaker: Any) -> Any:

@@ -1,0 +1,199 @@
+"""The request path of `RedisEngine` on asyncio: no thread, no blocking socket.
+
+`AsyncRedisEngine` wraps a `RedisEngine` (its twin) and decides with `redis.asyncio`:
+the same function or script (`contract.encode`/`decode`: the same arguments and the
+same reply), the same circuit breaker, the same tally of counts (carried by its calls
+like the twin's), the same heartbeat, and the same recovery when the server lost the
+library or the script. Everything off the request path (counters, offenders, resets,
+leases, closing) is the twin's, reached through attribute access.
+
+A redis.asyncio connection belongs to the event loop that opened it, so the engine keeps
+one client per running loop: one for a server's loop, a fresh one for each loop that
+`async_to_sync` makes in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from ratelimits.engine.contract import carry, decode, encode
+from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.functions import loaded_mode, next_step
+from ratelimits.engine.keys import base_key
+from ratelimits.engine.live import live_source
+from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, RedisEngine
+from ratelimits.engine.types import Decision, Limit
+
+__all__ = ["AsyncRedisEngine"]
+
+
+class AsyncRedisEngine:
+    """`evaluate`, `release` and `read_version` of `twin`, awaited on `redis.asyncio`.
+
+    `connect()` opens a `redis.asyncio.Redis` on the twin's server with the twin's
+    timeouts; it is called once per event loop.
+    """
+
+    def __init__(self, twin: RedisEngine, connect: Callable[[], redis.asyncio.Redis]) -> None:
+        self.twin = twin
+        self._connect = connect
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def client(self) -> Any:
+        """This event loop's client (opened on first use in the loop)."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = self._connect()
+        return client
+
+    async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """Check every limit and charge them all only if every enforced one admits."""
+        twin = self.twin
+        if not limits and not twin.version_key:
+            return Decision(allowed=True, results=())
+        keys, args, token = encode(
+            limits, prefix=twin.prefix, now=now, version_key=twin.version_key,
+            stats=twin.stats,
+        )
+        tally = twin.tally
+        if twin.stats and tally.due():  # counts made in process ride along
+            carried = tally.take()
+            try:
+                reply = await self._run(keys, args + carry(*carried), now)
+            except EngineError:
+                tally.restore(*carried)
+                raise
+        else:
+            reply = await self._run(keys, args, now)
+        try:
+            decision = decode(limits, reply, versioned=bool(twin.version_key), token=token)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        if twin.stats:
+            tally.add(decision, reply[2])
+        return decision
+
+    async def _run(self, keys: list[str], args: list[Any], now: float | None) -> Any:
+        beat = self.twin.heartbeat
+        if beat is not None and beat.due():
+            return await self._guarded(self._with_beat(keys, args, now))
+        return await self._guarded(self._call(keys, args))
+
+    async def _call(self, keys: list[str], args: list[Any]) -> Any:
+        """The batch function (or script), loading it when the server lacks it."""
+        script = self.twin._script  # the twin's: one mode per server, learnt once
+        client = self.client()
+        if script.mode != "evalsha":
+            try:
+                return await client.fcall(script.name, len(keys), *keys, *args)
+            except redis.ResponseError as exc:
+                step = next_step(exc)
+                if step == "evalsha":
+                    script.mode = "evalsha"
+                elif step == "load":
+                    await self._load(client)
+                else:
+                    raise
+            if script.mode == "fcall":  # loaded just now
+                return await client.fcall(script.name, len(keys), *keys, *args)
+        return await self._evalsha(client, script.script, keys, args)
+
+    async def _load(self, client: Any) -> None:
+        script = self.twin._script
+        try:
+            await client.function_load(script.code)
+        except redis.ResponseError as exc:
+            script.mode = loaded_mode(exc)
+        else:
+            script.mode = "fcall"
+
+    @staticmethod
+    async def _evalsha(client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA of a redis-py `Script`, loading it after NOSCRIPT (as `Script` does)."""
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            await client.script_load(script.script)
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def _with_beat(self, keys: list[str], args: list[Any], now: float | None) -> Any:
+        """The call and a heartbeat pipelined in one round trip; the call's reply."""
+        twin = self.twin
+        beat = twin.heartbeat
+        assert beat is not None
+        source = live_source()
+        client = self.client()
+        beat_args = beat.args(now)
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command(*twin._script.command(keys, args))
+        pipe.eval(source, 1, beat.key, *beat_args)  # tiny and rare: no SHA to keep
+        try:
+            reply, count = await pipe.execute(raise_on_error=False)
+        except Exception:
+            beat.missed()
+            raise
+        if isinstance(count, Exception):
+            beat.missed()
+        else:
+            beat.learnt(count)
+        if isinstance(reply, redis.ResponseError) and next_step(reply) is not None:
+            return await self._call(keys, args)  # the call alone recovers and runs
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def _guarded(self, call: Any) -> Any:
+        """Await `call` behind the twin's circuit breaker, its failures as engine errors."""
+        breaker = self.twin.breaker
+        if breaker is not None and not breaker.allow():
+            call.close()  # never awaited: no warning about it
+            raise EngineUnavailable("circuit open after repeated store failures")
+        try:
+            reply = await call
+        except UNAVAILABLE_ERRORS as exc:
+            if breaker is not None:
+                breaker.failure()
+            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
+        except redis.RedisError as exc:
+            if breaker is not None:
+                breaker.failure()
+            raise EngineError(str(exc)) from exc
+        if breaker is not None:
+            breaker.success()
+        return reply
+
+    async def read_version(self, now: float | None = None) -> int:
+        """The policy version alone: one GET."""
+        key = self.twin.version_key
+        if not key:
+            raise EngineError("this engine was built without a version_key")
+        raw = await self._guarded(self.client().get(key))
+        return int(raw) if raw is not None else 0
+
+    async def release(self, decision: Decision) -> None:
+        """Free the concurrency slots an admitted decision holds (one round trip)."""
+        breaker = self.twin.breaker
+        if decision.token is None or (breaker and breaker.state != "closed"):
+            return  # the slots expire by themselves after their period
+        pipe = self.client().pipeline(transaction=False)
+        for limit, members in decision.holding():
+            pipe.zrem(base_key(self.twin.prefix, limit), *members)
+        try:
+            await pipe.execute()
+        except UNAVAILABLE_ERRORS as exc:
+            raise EngineUnavailable(str(exc)) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for what this class lacks: the twin's methods off the request path
+        if name == "twin":
+            raise AttributeError(name)
+        return getattr(self.twin, name)

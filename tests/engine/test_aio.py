@@ -1,0 +1,183 @@
+"""The asyncio engine: the same decisions as the blocking one, from the same script."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import replace
+
+import pytest
+import redis
+import redis.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine
+from ratelimits.engine.aio import AsyncRedisEngine
+from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.contract import batch_library
+from ratelimits.engine.registry import REGISTRY
+from tests.engine.conftest import T0
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def twins(url: str, **kwargs) -> tuple[RedisEngine, AsyncRedisEngine]:
+    """A blocking engine and an asyncio engine on `url`, each with its own key prefix."""
+    blocking = RedisEngine(redis.Redis.from_url(url), prefix="sync:", **kwargs)
+    twin = RedisEngine(redis.Redis.from_url(url), prefix="async:", **kwargs)
+    return blocking, AsyncRedisEngine(twin, lambda: redis.asyncio.Redis.from_url(url))
+
+
+def _limit(algorithm: str, client: int, limit: int, period: int, burst: int | None,
+           cost: int, shadow: bool) -> Limit:
+    spec = REGISTRY[algorithm]
+    base = Limit(f"c{client}", algorithm, limit, period,
+                 burst=burst if spec.has_burst else None, shadow=shadow, name=algorithm)
+    return replace(base, cost=min(cost, base.capacity))
+
+
+requests = st.lists(
+    st.tuples(
+        st.lists(st.tuples(st.sampled_from(ALGORITHMS), st.integers(0, 2), st.integers(1, 5),
+                           st.sampled_from([1, 2, 60]), st.none() | st.integers(1, 6),
+                           st.integers(1, 3), st.booleans()),
+                 min_size=1, max_size=3, unique_by=lambda t: (t[0], t[1])),
+        st.integers(0, 3_000_000),  # µs since the previous request
+    ),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests)
+def test_sync_and_async_engines_decide_alike(redis_url, loop, sequence):
+    """The same random requests, at the same explicit times, to both engines: identical
+    decisions, field for field (each engine counts under its own prefix)."""
+    redis.Redis.from_url(redis_url).flushdb()
+    blocking, aio = twins(redis_url, stats=False)
+    at = T0
+    for specs, gap in sequence:
+        at += gap / 1e6
+        limits = [_limit(*spec) for spec in specs]
+        want = blocking.evaluate(limits, now=at)
+        got = loop.run_until_complete(aio.evaluate(limits, now=at))
+        assert (got.allowed, got.retry_after, got.delay) == (want.allowed, want.retry_after,
+                                                            want.delay)
+        assert got.results == want.results
+        if want.token is not None:  # concurrency slots: both release theirs
+            blocking.release(want)
+            loop.run_until_complete(aio.release(got))
+
+
+def test_each_event_loop_gets_its_own_client(redis_url):
+    _, aio = twins(redis_url)
+    limit = Limit("c", "fixed_window", 2, 60, name="p")
+    clients = []
+    for _ in range(2):  # asyncio.run: a new loop each time, as async_to_sync makes
+        async def decide():
+            decision = await aio.evaluate([limit], now=T0)
+            clients.append(aio.client())
+            return decision
+        assert asyncio.run(decide()).allowed
+    assert clients[0] is not clients[1]
+    assert not asyncio.run(aio.evaluate([limit], now=T0)).allowed  # one count: 2 of 2
+
+
+def test_the_decision_runs_on_the_event_loops_thread(redis_url, loop, monkeypatch):
+    """No thread hop: the store call is awaited on the loop's own thread."""
+    import threading
+
+    _, aio = twins(redis_url)
+    seen = []
+    client = aio.client.__func__
+
+    def spy(self):
+        seen.append(threading.get_ident())
+        return client(self)
+
+    monkeypatch.setattr(AsyncRedisEngine, "client", spy)
+    loop.run_until_complete(aio.evaluate([Limit("c", "gcra", 3, 60, name="p")]))
+    assert seen == [threading.get_ident()]
+
+
+def test_counts_ride_the_async_calls_and_reach_the_counters(redis_url, loop):
+    _, aio = twins(redis_url)
+    limit = Limit("c", "fixed_window", 2, 60, name="counted")
+    for _ in range(3):
+        loop.run_until_complete(aio.evaluate([limit], now=T0))
+    aio.flush()  # the twin's tally: what the async calls counted
+    assert aio.counters("counted", int(T0 // 60)) == {"a": 2, "r": 1}
+
+
+def test_a_flushed_library_is_loaded_again(redis_url, loop):
+    _, aio = twins(redis_url)
+    limit = Limit("c", "gcra", 5, 60, name="p")
+    assert loop.run_until_complete(aio.evaluate([limit])).allowed
+    redis.Redis.from_url(redis_url).function_flush()
+    assert loop.run_until_complete(aio.evaluate([limit])).allowed
+    # each library is a flat list of name/value pairs
+    names = [dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"]
+             for lib in redis.Redis.from_url(redis_url).function_list()]
+    assert batch_library()[0].encode() in names
+
+
+def test_without_functions_the_same_script_runs_by_evalsha(private_redis, loop):
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.acl_setuser("limiter", enabled=True, passwords=["+pw"], keys=["*"],
+                      commands=["+@all", "-fcall", "-function"])
+    url = f"redis://limiter:pw@127.0.0.1:{private_redis.port}/0"
+    _, aio = twins(url)
+    limit = Limit("c", "sliding_window", 2, 60, name="p")
+    got = [loop.run_until_complete(aio.evaluate([limit], now=T0)).allowed for _ in range(3)]
+    assert got == [True, True, False]
+    assert aio.twin._script.mode == "evalsha"
+    admin.script_flush()  # NOSCRIPT: the script is loaded again
+    assert not loop.run_until_complete(aio.evaluate([limit], now=T0)).allowed
+
+
+def _fragile(url: str) -> tuple[RedisEngine, AsyncRedisEngine]:
+    """An async engine with the limiter's short timeouts and a breaker, as the app builds."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    options = {"socket_timeout": 0.1, "socket_connect_timeout": 0.1}
+    twin = RedisEngine(redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options),
+                       breaker=CircuitBreaker(failures=2, cooldown=60))
+    aio = AsyncRedisEngine(twin, lambda: redis.asyncio.Redis.from_url(
+        url, retry=AsyncRetry(NoBackoff(), 0), **options))
+    return twin, aio
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["killed", "paused"])
+def test_a_dead_server_fails_fast_and_the_breaker_opens(private_redis, loop, fault):
+    _, aio = _fragile(private_redis.url)
+    limit = Limit("c", "gcra", 5, 60, name="p")
+    assert loop.run_until_complete(aio.evaluate([limit])).allowed
+    if fault == "killed":
+        private_redis.proc.send_signal(signal.SIGKILL)
+        private_redis.proc.wait()
+    else:
+        private_redis.proc.send_signal(signal.SIGSTOP)  # accepts, never answers
+    try:
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(EngineUnavailable):
+                loop.run_until_complete(aio.evaluate([limit]))
+            assert time.monotonic() - started < 0.5  # the socket timeout, not seconds
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailable, match="circuit open"):
+            loop.run_until_complete(aio.evaluate([limit]))
+        assert time.monotonic() - started < 0.01  # no socket touched
+    finally:
+        if fault == "paused":
+            private_redis.proc.send_signal(signal.SIGCONT)
