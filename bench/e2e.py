@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -96,7 +97,7 @@ def _env(db: str, scenario: str) -> dict[str, str]:
     return env
 
 
-def _prepare(db: str, policies: list[dict[str, object]]) -> None:
+def prepare(db: str, policies: list[dict[str, object]]) -> None:
     python = sys.executable
     env = _env(db, "ours")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=common.ROOT,
@@ -135,7 +136,7 @@ def _ms(text: str) -> float:
     return float(number) * _UNITS[unit]
 
 
-def _wrk(port: int, path: str, seconds: int) -> dict[str, float]:
+def wrk(port: int, path: str, seconds: int) -> dict[str, float]:
     """One wrk run; its requests per second, latency percentiles and failures."""
     out = subprocess.run(
         [common.wrk(), "-t", str(WRK_THREADS), "-c", str(CONNECTIONS), "-d", f"{seconds}s",
@@ -161,16 +162,23 @@ def _wrk(port: int, path: str, seconds: int) -> dict[str, float]:
 
 
 def _scripts_run() -> int:
-    """Scripts the run's private Redis has run so far (INFO commandstats)."""
+    """Scripts and functions the run's private Redis has run so far (INFO commandstats)."""
     stats = common.redis_client(common.PEERS_DB).info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+               for name in ("evalsha", "fcall"))
 
 
-def _run_once(db: str, scenario: str, path: str, seconds: int, warmup: int):
+def gunicorn(port: int) -> list[str]:
+    return [sys.executable, "-m", "gunicorn", "demo_project.wsgi", "-w", str(WORKERS), "-b",
+            f"127.0.0.1:{port}", "--log-level", "warning"]
+
+
+def run_once(db: str, scenario: str, path: str, seconds: int, warmup: int,
+             server_command: Any = gunicorn) -> dict[str, float]:
+    """One server started with `server_command(port)`, warmed up, then loaded by wrk."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "demo_project.wsgi", "-w", str(WORKERS), "-b",
-         f"127.0.0.1:{port}", "--log-level", "warning"],
+        server_command(port),
         cwd=common.ROOT, env=_env(db, scenario), start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
@@ -183,11 +191,11 @@ def _run_once(db: str, scenario: str, path: str, seconds: int, warmup: int):
             except OSError:
                 pass
             if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"gunicorn did not start: {server.stderr.read().decode()}")
+                raise RuntimeError(f"the server did not start: {server.stderr.read().decode()}")
             time.sleep(0.1)
-        _wrk(port, path, warmup)  # connections, imports and caches warmed
+        wrk(port, path, warmup)  # connections, imports and caches warmed
         scripts = _scripts_run()
-        result = _wrk(port, path, seconds)
+        result = wrk(port, path, seconds)
         result["scripts/s"] = (_scripts_run() - scripts) / seconds
         return result
     finally:
@@ -206,11 +214,11 @@ def run(quick: bool = False) -> Section:
     with tempfile.TemporaryDirectory(prefix="ratelimits-bench-") as tmp:
         dbs = {name: str(Path(tmp) / f"bench-{name}.sqlite3") for name in POLICIES}
         for name, policies in POLICIES.items():
-            _prepare(dbs[name], policies)
+            prepare(dbs[name], policies)
         runs: dict[str, list[dict]] = {label: [] for label, *_ in SCENARIOS}
         for _ in range(rounds):
             for label, scenario, path, policies in SCENARIOS:
-                runs[label].append(_run_once(dbs[policies], scenario, path, seconds, warmup))
+                runs[label].append(run_once(dbs[policies], scenario, path, seconds, warmup))
     rows, med = [], {}
     for label, *_ in SCENARIOS:
         rs = runs[label]
@@ -227,9 +235,9 @@ def run(quick: bool = False) -> Section:
         f"{seconds:g} s measured after {warmup:g} s of warm-up, {rounds} interleaved "
         "repetitions (a fresh gunicorn each), medians. Latency is wrk's, per request. "
         "Ours: three enforced policies on every path (`gcra`, `sliding_window`, "
-        "`fixed_window`, key `ip`, 10⁹ per minute), decided in one EVALSHA per request; "
+        "`fixed_window`, key `ip`, 10⁹ per minute), decided in one FCALL per request; "
         "(b1) and (b'): one `fixed_window` policy of 10⁶ per minute on key `global`, "
-        "without `batch` (one EVALSHA per request) and with `batch` 100 (a lease call per "
+        "without `batch` (one FCALL per request) and with `batch` 100 (a lease call per "
         "100 requests or per second per worker, the rest decided in process). "
         "(b''): the three of (b) with `counting = per_process`, decided in each worker. "
         "(f): every request of one client (key `global`) against an enforced 5 per minute: "

@@ -6,10 +6,16 @@ BENCH_E2E_SCENARIO:
   ours     the demo as it ships: RateLimitMiddleware + PolicyThrottle, with the policies
            in the bench database
   drf      DRF's AnonRateThrottle + UserRateThrottle at BENCH_DRF_RATE, ours off
-The demo's own settings (REDIS_URL, DEMO_DB) apply as usual.
+  thread   ours, with the async stack's decision handed to a thread by `sync_to_async`
+           (as before the asyncio engine): the ASGI section's comparison
+The demo's own settings (REDIS_URL, DEMO_DB) apply as usual. The URLs are the demo's and
+/async-hello/, an async twin of /hello/ for the ASGI section.
 """
 
 import os
+
+from django.http import HttpResponse
+from django.urls import include, path
 
 from demo_project.settings import *  # noqa: F403
 from demo_project.settings import MIDDLEWARE, RATELIMITS
@@ -23,8 +29,22 @@ LOGGING = {"version": 1, "disable_existing_loggers": False}
 # throttles read the header by default.
 RATELIMITS = {**RATELIMITS, "TRUSTED_PROXIES": ["127.0.0.1"], "PROXY_HEADER": "x-forwarded-for"}
 
+ROOT_URLCONF = "bench.e2e_settings"
+_OURS = "ratelimits.middleware.RateLimitMiddleware"
+
+
+async def async_hello(request):
+    return HttpResponse("Hello!\n", content_type="text/plain")
+
+
+urlpatterns = [path("async-hello/", async_hello), path("", include("demo_project.urls"))]
+
+
 if SCENARIO == "ours":
     pass  # the demo as it ships: middleware + PolicyThrottle
+elif SCENARIO == "thread":
+    MIDDLEWARE = ["bench.thread_hop.ThreadHopMiddleware" if m == _OURS else m
+                  for m in MIDDLEWARE]
 elif SCENARIO in ("none", "drf"):
     MIDDLEWARE = [m for m in MIDDLEWARE if m != "ratelimits.middleware.RateLimitMiddleware"]
     RATELIMITS = {**RATELIMITS, "ENABLED": False}

@@ -13,6 +13,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from ratelimits.checks import ensure_valid
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.evaluation import UNSCOPED
+from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.responses import decorate, rejection_response
 from ratelimits.pipeline.state import RequestState, state_for
 
@@ -34,6 +35,15 @@ def finish(request: Any, state: RequestState, response: Any) -> Any:
     return response
 
 
+async def afinish(request: Any, state: RequestState, response: Any) -> Any:
+    """`finish()` for the async stack: the slots are released on the event loop."""
+    if not state.holds or getattr(response, "streaming", False):
+        return finish(request, state, response)
+    decorate(state, response)
+    await evaluation.arelease(request, state)
+    return response
+
+
 class RateLimitMiddleware:
     """Rate-limits requests with the admin-managed policies (sync and async)."""
 
@@ -50,11 +60,26 @@ class RateLimitMiddleware:
             markcoroutinefunction(self)
 
     def _evaluate(self, request: Any, state: RequestState) -> Any:
-        state.middleware = True
-        if evaluation.throttle_decides(request):
-            state.deferred = True  # one decision, by the view's PolicyThrottle
+        if self._defers(request, state, resolver.snapshot()):
             return None
         return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state)
+
+    async def _aevaluate(self, request: Any, state: RequestState) -> Any:
+        snap = resolver.ready()
+        if snap is None:  # the policies are read from the database: in a thread
+            snap = await sync_to_async(resolver.snapshot)()
+        if self._defers(request, state, snap):
+            return None
+        return await evaluation.aevaluate(request, scopes=UNSCOPED, sender=type(self),
+                                          state=state)
+
+    @staticmethod
+    def _defers(request: Any, state: RequestState, snap: Any) -> bool:
+        state.middleware = True
+        if evaluation.throttle_decides(request, snap):
+            state.deferred = True  # one decision, by the view's PolicyThrottle
+            return True
+        return False
 
     def _after(self, request: Any, state: RequestState, response: Any) -> Any:
         """A request left to the throttle that DRF answered before its throttles ran (a
@@ -86,21 +111,23 @@ class RateLimitMiddleware:
         return finish(request, state, response)
 
     async def __acall__(self, request: Any) -> Any:
+        # Decided on the event loop (the store awaited, see engine.aio); a refusal's
+        # response goes to a thread, as a REJECT_VIEW of yours may query the database.
         state = state_for(request)
-        verdict = await sync_to_async(self._evaluate)(request, state)
+        verdict = await self._aevaluate(request, state)
         if verdict is not None and not verdict.allowed:
             response = await sync_to_async(rejection_response)(request, verdict)
-            return await sync_to_async(finish)(request, state, response)
+            return await afinish(request, state, response)
         if verdict is not None and verdict.delay > 0:
             verdict = await evaluation.await_turn(verdict)
             if not verdict.allowed:
                 response = await sync_to_async(rejection_response)(request, verdict)
-                return await sync_to_async(finish)(request, state, response)
+                return await afinish(request, state, response)
         try:
             response = await self.get_response(request)
             if state.deferred and not state.throttled:
                 response = await sync_to_async(self._after)(request, state, response)
         except BaseException:
-            await sync_to_async(evaluation.release)(request, state)
+            await evaluation.arelease(request, state)
             raise
-        return await sync_to_async(finish)(request, state, response)
+        return await afinish(request, state, response)

@@ -17,10 +17,12 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.functional import SimpleLazyObject, empty
 from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
@@ -30,7 +32,12 @@ from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.plan import Planned, plan
-from ratelimits.pipeline.report import log_safe, log_unavailable, log_unexpected
+from ratelimits.pipeline.report import (
+    deferred_signals,
+    log_safe,
+    log_unavailable,
+    log_unexpected,
+)
 from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
 from ratelimits.pipeline.state import (
     STATE_ATTR,
@@ -60,6 +67,8 @@ __all__ = [
     "UNSCOPED",
     "Outcome",
     "Verdict",
+    "aevaluate",
+    "arelease",
     "asleep",
     "evaluate",
     "http_request",
@@ -87,7 +96,8 @@ def evaluate(
     a rate limiter must not turn its own bug into an outage.
     """
     try:
-        return _evaluate(request, scopes, sender, state)
+        verdict: Verdict | None = _run(_evaluate(request, scopes, sender, state))
+        return verdict
     except ImproperlyConfigured:
         raise  # a settings mistake must not switch enforcement off unnoticed
     except Exception:
@@ -95,16 +105,126 @@ def evaluate(
         return None
 
 
+async def aevaluate(
+    request: Any, *, scopes: frozenset[str], sender: type, state: RequestState | None = None
+) -> Verdict | None:
+    """`evaluate()` for the async stack: the store awaited on the event loop (see
+    `engine.aio`). Only what may block goes to a thread, as Django's `sync_to_async`
+    would run it: reading the policies from the database (at most once a
+    `DB_CHECK_EVERY`, and when another process changed them), the version when no
+    reply carried it (at most once a second), and your own functions (`EXEMPT`,
+    `TIER`, `call:` keys). A `user` key reads the user with `request.auser()`."""
+    pending: list[tuple[Any, Any, dict[str, Any]]] = []
+    token = deferred_signals.set(pending)
+    try:
+        verdict: Verdict | None = await _arun(_evaluate(request, scopes, sender, state))
+    except ImproperlyConfigured:
+        raise
+    except Exception:
+        log_unexpected(request)
+        return None
+    finally:
+        deferred_signals.reset(token)
+    for signal, signal_sender, kwargs in pending:
+        await signal.asend(sender=signal_sender, **kwargs)
+    return verdict
+
+
+# -- one path, two drivers -----------------------------------------------------------------
+#
+# The decision is written once, as a generator that yields what it needs done outside
+# itself: `_Blocking` (a call that may block: the database, a user's function) and
+# `_Store` (the store's decision). `_run` does each in the calling thread; `_arun`
+# awaits the store on the event loop and sends the blocking calls to a thread.
+
+
+class _Blocking:
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+
+class _Store:
+    __slots__ = ("engine", "limits", "now")
+
+    def __init__(self, engine: Any, limits: list[Any], now: float | None) -> None:
+        self.engine, self.limits, self.now = engine, limits, now
+
+
+class _User:
+    """Load `request.user` before a `user` key reads it (the async stack's `auser()`)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+
+
+Steps = Generator[Any, Any, Any]
+
+
+def _run(steps: Steps) -> Any:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            need = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            if isinstance(need, _Store):
+                value = need.engine.evaluate(need.limits, need.now)
+            elif isinstance(need, _Blocking):
+                value = need.fn(*need.args)
+        except Exception as exc:
+            error = exc
+
+
+async def _arun(steps: Steps) -> Any:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            need = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            if isinstance(need, _Store):
+                value = await need.engine.aevaluate(need.limits, need.now)
+            elif isinstance(need, _Blocking):
+                value = await sync_to_async(need.fn)(*need.args)
+            else:
+                await _load_user(need.request)
+        except Exception as exc:
+            error = exc
+
+
+async def _load_user(request: Any) -> None:
+    """`request.user` made concrete with `auser()`, so reading it runs no query here."""
+    base = http_request(request)
+    user = getattr(base, "user", None)
+    auser = getattr(base, "auser", None)
+    if auser is None or not isinstance(user, SimpleLazyObject):
+        return
+    if getattr(user, "_wrapped", empty) is empty:  # not evaluated yet
+        base.user = await auser()
+
+
 def _evaluate(
     request: Any, scopes: frozenset[str], sender: type, state: RequestState | None = None
-) -> Verdict | None:
+) -> Steps:
     config = get_config()
     if not config["ENABLED"]:
         return None
     if state is None:
         state = state_for(request)
     base = http_request(request)
-    if _is_exempt(base, state, config):
+    if state.exempt is None and config["EXEMPT"]:
+        yield _Blocking(_is_exempt, base, state, config)
+    if state.exempt:
         return None
     if state.path is None:
         from ratelimits.pipeline.paths import normalize_path
@@ -114,10 +234,12 @@ def _evaluate(
             state.exempt = True  # the redirected request is the one charged
             return None
     method = (base.method or "GET").upper()
-    snap = resolver.snapshot()
+    snap = resolver.ready()
+    if snap is None:
+        snap = yield _Blocking(resolver.snapshot)
     if process.clock() - process.db_checked_at >= DB_CHECK_EVERY:
-        snap = resolver.recheck(snap)
-    return _decide(request, state, snap, method, scopes, sender, config)
+        snap = yield _Blocking(resolver.recheck, snap)
+    return (yield from _decide(request, state, snap, method, scopes, sender, config))
 
 
 def _decide(
@@ -130,37 +252,53 @@ def _decide(
     config: Mapping[str, Any],
     *,
     second_pass: bool = False,
-) -> Verdict | None:
+) -> Steps:
     policies = snap.matching(state.path or "/", method, scopes, state.charged)
     if not policies:
         if state.version_seen or second_pass:
             return None
         # No policy applies: nothing to decide, but a policy added since may apply.
         state.version_seen = True
-        newer = _newer_snapshot(None, snap, config)
+        newer = yield from _newer_snapshot(None, snap, config)
         if newer is None:
             return None
-        return _decide(request, state, newer, method, scopes, sender, config, second_pass=True)
+        return (yield from _decide(request, state, newer, method, scopes, sender, config,
+                                   second_pass=True))
 
-    planned, failed = plan(request, policies, config, state, snap.members)
+    kinds = {p.key_spec.kind for p in policies}
+    if kinds & _USER_KINDS:
+        yield _User(request)
+    if "call" in kinds or (config["TIER"] and any(p.overrides for p in policies)):
+        planned, failed = yield _Blocking(plan, request, policies, config, state,
+                                          snap.members)
+    else:
+        planned, failed = plan(request, policies, config, state, snap.members)
     state.charged.update(p.id for p in policies)
     own = [p for p in planned if p.policy.counting == PER_PROCESS]
     if own:
-        verdict, decision = _decide_own(request, state, planned, own, failed, sender, config)
+        verdict, decision = yield from _decide_own(request, state, planned, own, failed,
+                                                   sender, config)
     else:
-        verdict, decision = _decide_shared(request, state, planned, failed, sender, config)
+        verdict, decision = yield from _decide_shared(request, state, planned, failed,
+                                                      sender, config)
     if decision is _UNREACHED:
         return verdict  # the store is out of reach: the version waits for it
     state.version_seen = True
 
     # Another process changed the policies: load them and apply the ones this request
     # has not met yet (already-charged policies are never charged twice).
-    newer = _newer_snapshot(None if decision is None else decision.version, snap, config)
+    newer = yield from _newer_snapshot(None if decision is None else decision.version, snap,
+                                       config)
     if newer is not None and verdict.allowed and not second_pass:
-        extra = _decide(request, state, newer, method, scopes, sender, config, second_pass=True)
+        extra = yield from _decide(request, state, newer, method, scopes, sender, config,
+                                   second_pass=True)
         if extra is not None:
             verdict = verdict.merged(extra)
     return verdict
+
+
+#: Key kinds that read `request.user`.
+_USER_KINDS = frozenset({"user", "user_or_ip"})
 
 
 def _now() -> float | None:
@@ -180,14 +318,14 @@ def _decide_shared(
     failed: list[Any],
     sender: type,
     config: Mapping[str, Any],
-) -> tuple[Verdict, Decision | None]:
-    """The store decides `planned` in one call; its decision, or `_UNREACHED`."""
+) -> Steps:
+    """The store decides `planned` in one call; (verdict, its decision or `_UNREACHED`)."""
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
     engine: Any = None
     try:
         engine = get_engine()  # a cluster client needs a reachable node to be built
-        decision = engine.evaluate([p.limit for p in planned], _now())
+        decision = yield _Store(engine, [p.limit for p in planned], _now())
     except EngineError as exc:  # unreachable, read-only, out of memory ...
         if recorder is not None and engine is not None:
             seconds = time.perf_counter() - started
@@ -210,7 +348,7 @@ def _decide_own(
     failed: list[Any],
     sender: type,
     config: Mapping[str, Any],
-) -> tuple[Verdict, Decision | None]:
+) -> Steps:
     """Per-process policies first, in this process alone; the shared ones in the store
     only if those admit, and given back here if the store refuses: all or nothing."""
     shared = [p for p in planned if p.policy.counting != PER_PROCESS]
@@ -225,7 +363,8 @@ def _decide_own(
         undecided = tuple(Outcome(p.policy, p.identity) for p in shared)
         verdict = judge(request, state, own, mine, failed, sender, config, prior=undecided)
     else:
-        verdict, decision = _decide_shared(request, state, shared, failed, sender, config)
+        verdict, decision = yield from _decide_shared(request, state, shared, failed, sender,
+                                                      config)
         if not verdict.allowed and receipt is not None:
             mine = local.refund(receipt)
         verdict = verdict.merged(judge(request, state, own, mine, (), sender, config))
@@ -238,7 +377,7 @@ def _decide_own(
 
 def _newer_snapshot(
     version: int | None, snap: Snapshot, config: Mapping[str, Any]
-) -> Snapshot | None:
+) -> Steps:
     """The snapshot of a policy version newer than `snap`'s, if one was built.
 
     `version` is what the store's reply carried; None when nothing carried it (no store
@@ -247,11 +386,15 @@ def _newer_snapshot(
     """
     if version is not None:
         process.version_at = process.clock()
+    elif process.clock() - process.version_at < VERSION_EVERY:
+        return None
     else:
-        version = _read_version(config)
+        version = yield _Blocking(_read_version, config)
         if version is None:
             return None
-    return resolver.observe(version, snap)
+    if version == snap.version or resolver.pinned is not None:
+        return None
+    return (yield _Blocking(resolver.observe, version, snap))
 
 
 #: A process that learns the policy version from no reply reads it at most this often.
@@ -281,14 +424,15 @@ def _read_version(config: Mapping[str, Any]) -> int | None:
         lock.release()
 
 
-def throttle_decides(request: Any) -> bool:
+def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
     """Whether this request goes to a view that decides it itself: a DRF view whose
     `PolicyThrottle` will (its `throttle_scope` is some policy's scope), or a view with
     `@ratelimit`. The middleware then leaves the request to it, which decides the unscoped
     and the scoped policies in one call (for DRF, after it has authenticated the user that
     `user` keys count). Cheap when no policy has a scope (the URL is resolved only when
     one has)."""
-    snap = resolver.snapshot()
+    if snap is None:
+        snap = resolver.snapshot()
     if not snap.scopes or not get_config()["ENABLED"]:
         return False
     from django.urls import Resolver404, get_resolver
@@ -360,17 +504,32 @@ def _is_exempt(base: Any, state: RequestState, config: Mapping[str, Any]) -> boo
 
 def release(request: Any, state: RequestState | None = None) -> None:
     """Free the concurrency slots this request holds (idempotent, never raises)."""
-    if state is None:
-        state = getattr(http_request(request), STATE_ATTR, None)
-        if state is None:
-            return
-    holds, state.holds = state.holds, []
-    for engine, decision in holds:
-        watchdog.drop(decision)
+    for engine, decision in _holds(request, state):
         try:
             engine.release(decision)
         except Exception as exc:  # the slot expires by itself; do not fail the response
             logger.warning("ratelimits: could not release a concurrency slot (%s)", exc)
+
+
+async def arelease(request: Any, state: RequestState | None = None) -> None:
+    """`release()` for the async stack."""
+    for engine, decision in _holds(request, state):
+        try:
+            await engine.arelease(decision)
+        except Exception as exc:
+            logger.warning("ratelimits: could not release a concurrency slot (%s)", exc)
+
+
+def _holds(request: Any, state: RequestState | None) -> list[tuple[Any, Decision]]:
+    """The (engine, decision) pairs whose slots this request holds, taken from it."""
+    if state is None:
+        state = getattr(http_request(request), STATE_ATTR, None)
+        if state is None:
+            return []
+    holds, state.holds = state.holds, []
+    for _engine, decision in holds:
+        watchdog.drop(decision)
+    return holds
 
 
 def _waiter(verdict: Verdict) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from ratelimits import signals
@@ -14,6 +15,14 @@ logger = logging.getLogger("ratelimits")
 
 #: Longest client-controlled value a log line shows (paths, methods, error texts).
 MAX_LOGGED = 200
+
+
+#: While set (the async stack deciding on the event loop), the signals of refusals are
+#: collected here, and sent with `Signal.asend()` once the decision is made: your
+#: receivers may be synchronous and query the database.
+deferred_signals: ContextVar[list[tuple[Any, Any, dict[str, Any]]] | None] = ContextVar(
+    "ratelimits_deferred_signals", default=None
+)
 
 
 def log_safe(value: Any, limit: int = MAX_LOGGED) -> str:
@@ -78,7 +87,11 @@ def report(request: Any, outcome: Any, sender: type) -> None:
         result.retry_after,
         extra=extra,
     )
-    signal.send(sender=sender, **kwargs)
+    pending = deferred_signals.get()
+    if pending is None:
+        signal.send(sender=sender, **kwargs)
+    else:  # the async stack sends them after the decision (receivers may query)
+        pending.append((signal, sender, kwargs))
 
 
 def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:

@@ -319,6 +319,13 @@ class Resolver:
             snap = self._rebuild(self._stale_version if self._stale else None, wait=snap is None)
         return snap
 
+    def ready(self) -> Snapshot | None:
+        """The current snapshot when `snapshot()` would not read the database; else None."""
+        if self.pinned is not None:
+            return self.pinned
+        snap = self._snapshot
+        return None if snap is None or self._stale else snap
+
     def observe(self, version: int | None, snap: Snapshot) -> Snapshot | None:
         """The engine reported `version`; returns a new snapshot if one was built for it."""
         if version == snap.version or version is None or self.pinned is not None:

@@ -311,6 +311,23 @@ def test_async_middleware_with_an_async_view(make_policy):
     assert response.asgi_request is not None  # it went through the async handler
 
 
+def test_a_cold_process_reads_the_policies_outside_the_event_loop(make_policy, caplog):
+    """The first async request of a process that has not read the policies yet: they are
+    read in a thread (the database is not the event loop's), and the request is limited
+    like the next ones."""
+    from ratelimits.pipeline.resolver import resolver
+
+    make_policy(name="cold", limit=1, path="/async/")
+    resolver.reset()
+
+    async def scenario():
+        client = AsyncClient()
+        return [(await client.get("/async/")).status_code for _ in range(2)]
+
+    assert async_to_sync(scenario)() == [200, 429]
+    assert "could not load the policies" not in caplog.text
+
+
 def test_async_leaky_delay_is_awaited(make_policy, monkeypatch):
     waited = []
 

@@ -50,10 +50,19 @@ class Site:
                  f"p = Policy(**{fields!r})\np.full_clean()\np.save()")
 
     def start(self, workers: int) -> None:
+        self._serve([sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
+                     "-w", str(workers), "-b", f"127.0.0.1:{self.port}",
+                     "--log-level", "warning"])
+
+    def start_asgi(self) -> None:
+        """One uvicorn process serving the site's ASGI application."""
+        self._serve([sys.executable, "-m", "uvicorn", "--factory",
+                     "django.core.asgi:get_asgi_application", "--host", "127.0.0.1",
+                     "--port", str(self.port), "--log-level", "warning"])
+
+    def _serve(self, command: list[str]) -> None:
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
-             "-w", str(workers), "-b", f"127.0.0.1:{self.port}", "--log-level", "warning"],
-            cwd=ROOT, env=self.env, start_new_session=True,
+            command, cwd=ROOT, env=self.env, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 30
@@ -66,8 +75,18 @@ class Site:
                     why = "timeout" if self.server.poll() is None else (
                         self.server.stderr.read().decode()  # type: ignore[union-attr]
                     )
-                    raise RuntimeError(f"gunicorn did not start: {why}") from None
+                    raise RuntimeError(f"the server did not start: {why}") from None
                 time.sleep(0.1)
+
+    def text(self, path: str) -> tuple[int, str]:
+        """(status, body) of one request on a new connection."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            conn.close()
 
     def get(self, path: str) -> tuple[int, int]:
         """(status, the answering worker's pid) of one request on a new connection."""

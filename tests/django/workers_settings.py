@@ -5,8 +5,9 @@ the engine on the test's private redis-server, and views that say which worker a
 """
 
 import os
+import threading
 
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import path
 
 from tests.settings import *  # noqa: F403
@@ -29,4 +30,29 @@ def rejected(request, rejection):
     return HttpResponse(str(os.getpid()), status=rejection.status)
 
 
-urlpatterns = [path("hello/", pid), path("free/", pid)]
+# Under uvicorn (tests/django/test_asgi.py): the threads the asyncio engine decided on,
+# and the event loop's own, so the test can see that no decision left the loop.
+decided_on: list[int] = []
+
+
+def _watch_the_asyncio_engine() -> None:
+    from ratelimits.engine.aio import AsyncRedisEngine
+
+    evaluate = AsyncRedisEngine.evaluate
+
+    async def watched(self, limits, now=None):
+        decided_on.append(threading.get_ident())
+        return await evaluate(self, limits, now)
+
+    AsyncRedisEngine.evaluate = watched
+
+
+_watch_the_asyncio_engine()
+
+
+async def threads(request):
+    return JsonResponse({"loop": threading.get_ident(), "decided_on": decided_on})
+
+
+urlpatterns = [path("hello/", pid), path("free/", pid), path("async/", threads),
+               path("threads/", threads)]
