@@ -14,9 +14,6 @@ The demo's own settings (REDIS_URL, DEMO_DB) apply as usual. The URLs are the de
 
 import os
 
-from django.http import HttpResponse
-from django.urls import include, path
-
 from demo_project.settings import *  # noqa: F403
 from demo_project.settings import MIDDLEWARE, RATELIMITS
 
@@ -29,15 +26,8 @@ LOGGING = {"version": 1, "disable_existing_loggers": False}
 # throttles read the header by default.
 RATELIMITS = {**RATELIMITS, "TRUSTED_PROXIES": ["127.0.0.1"], "PROXY_HEADER": "x-forwarded-for"}
 
-ROOT_URLCONF = "bench.e2e_settings"
+ROOT_URLCONF = "bench.e2e_urls"
 _OURS = "ratelimits.middleware.RateLimitMiddleware"
-
-
-async def async_hello(request):
-    return HttpResponse("Hello!\n", content_type="text/plain")
-
-
-urlpatterns = [path("async-hello/", async_hello), path("", include("demo_project.urls"))]
 
 
 if SCENARIO == "ours":
