@@ -71,7 +71,7 @@ class Acquiring:
         tick: Clock = _RealClock() if clock is None else clock
         deadline = None if timeout is None else tick.now() + max(0.0, timeout)
         while True:
-            decision = self._try(limits, tick, deadline, real)
+            decision = self.evaluate(*_asked(limits, tick, deadline, real))
             wait = _wait(decision, tick, deadline)
             if wait is None:
                 return decision
@@ -81,13 +81,13 @@ class Acquiring:
 
     async def aacquire(self, limits: Sequence[Limit], timeout: float | None = None, *,
                        clock: Clock | None = None) -> Decision:
-        """`acquire()` for async code: the event loop serves others while it waits (the
-        store call itself runs in a thread, as Django's `sync_to_async` would)."""
+        """`acquire()` for async code: the event loop serves others while it waits, and
+        the store is asked with `aevaluate()` (on the loop where the engine can)."""
         real = clock is None
         tick: Clock = _RealClock() if clock is None else clock
         deadline = None if timeout is None else tick.now() + max(0.0, timeout)
         while True:
-            decision = await asyncio.to_thread(self._try, limits, tick, deadline, real)
+            decision = await self.aevaluate(*_asked(limits, tick, deadline, real))
             wait = _wait(decision, tick, deadline)
             if wait is None:
                 return decision
@@ -98,12 +98,14 @@ class Acquiring:
             if decision.allowed:
                 return decision
 
-    def _try(self, limits: Sequence[Limit], tick: Clock, deadline: float | None,
-             real: bool) -> Decision:
-        now = tick.now()
-        left = None if deadline is None else max(0.0, deadline - now)
-        asked = [_reserving(limit, left) for limit in limits]
-        return self.evaluate(asked, None if real else now)
+
+def _asked(limits: Sequence[Limit], tick: Clock, deadline: float | None,
+           real: bool) -> tuple[list[Limit], float | None]:
+    """The limits to ask now (those that can reserve a turn up to the deadline) and the
+    time to decide at (None: the store's own clock)."""
+    now = tick.now()
+    left = None if deadline is None else max(0.0, deadline - now)
+    return [_reserving(limit, left) for limit in limits], None if real else now
 
 
 def _reserving(limit: Limit, left: float | None) -> Limit:

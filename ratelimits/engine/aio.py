@@ -5,7 +5,7 @@ the same function or script (`contract.encode`/`decode`: the same arguments and 
 same reply), the same circuit breaker, the same tally of counts (carried by its calls
 like the twin's), the same heartbeat, and the same recovery when the server lost the
 library or the script. Everything off the request path (counters, offenders, resets,
-leases, closing) is the twin's, reached through attribute access.
+giving leases back at exit, closing) is the twin's, reached through attribute access.
 
 A redis.asyncio connection belongs to the event loop that opened it, so the engine keeps
 one client per running loop: one for a server's loop, a fresh one for each loop that
@@ -22,10 +22,11 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from ratelimits.engine.contract import carry, decode, encode
+from ratelimits.engine.contract import carry, decode, encode, lease_source
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.functions import loaded_mode, next_step
 from ratelimits.engine.keys import base_key
+from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease
 from ratelimits.engine.live import live_source
 from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, RedisEngine
 from ratelimits.engine.types import Decision, Limit
@@ -170,6 +171,22 @@ class AsyncRedisEngine:
         if breaker is not None:
             breaker.success()
         return reply
+
+    async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
+                    back: Sequence[Leftover] = ()) -> list[Grant]:
+        """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
+        if not limits and not back:
+            return []
+        twin = self.twin
+        keys, args = encode_lease(twin.prefix, limits, back, now)
+        if twin._lease_script is None:  # registering computes the SHA: no round trip
+            twin._lease_script = twin.client.register_script(lease_source())
+        reply = await self._guarded(self._evalsha(self.client(), twin._lease_script, keys,
+                                                  args))
+        try:
+            return decode_lease(limits, back, reply)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET."""

@@ -176,15 +176,19 @@ class Frontline(Acquiring):
 
     async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """`evaluate()` for async code: the store awaited on the event loop when it has
-        an asyncio twin (a worker thread otherwise, and for leased limits, whose leases
-        are taken by the blocking engine)."""
+        an asyncio twin (`aio`), in a worker thread otherwise."""
+        if self.aio is None:
+            return await asyncio.to_thread(self.evaluate, limits, now)
         at = self.clock() if now is None else now
         local = self._remembered(limits, at)
         if local is not None:
             return local
-        if self.aio is None or any(limit.batch is not None for limit in limits):
-            return await asyncio.to_thread(self.evaluate, limits, now)
-        decision: Decision = await self.aio.evaluate(limits, now)
+        decision: Decision
+        if any(limit.batch is not None for limit in limits):
+            decision, answered = await lease.adecide(self.aio, self.leases, limits, now, at)
+            self._count_answered(answered, at)
+        else:
+            decision = await self.aio.evaluate(limits, now)
         self.denied.learn(decision, at)
         return decision
 
@@ -204,9 +208,13 @@ class Frontline(Acquiring):
     def _leased(self, limits: Sequence[Limit], now: float | None, at: float) -> Decision:
         """Leased limits from this process's units; only the others go to the store."""
         decision, answered = lease.decide(self.store, self.leases, limits, now, at)
+        self._count_answered(answered, at)
+        return decision
+
+    def _count_answered(self, answered: Decision, at: float) -> None:
+        """Count what the leases answered in process, as the store's calls are."""
         if answered.results:
             self.store.count_locally(answered, to_us(at))
-        return decision
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit, here and in the store."""

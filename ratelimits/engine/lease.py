@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import LEASE_ARGS, LEASE_FIELDS
 from ratelimits.engine.keys import cell, period_us, to_us
+from ratelimits.engine.steps import adrive, drive
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
 __all__ = [
@@ -303,13 +304,33 @@ def decide(
     decision, in the request's order, and the part of it answered here (for the tally).
     Raises what the store raises; nothing is spent then.
     """
-    holds, refused = _reserve(store, book, limits, now, at)
+    return drive(_deciding(book, limits, now, at),
+                 lambda call: getattr(store, call[0])(*call[1], **call[2]))
+
+
+async def adecide(
+    store: Any, book: Leases, limits: Sequence[Limit], now: float | None, at: float
+) -> tuple[Decision, Decision]:
+    """`decide()` with a store whose `lease` and `evaluate` are awaited (`engine.aio`)."""
+    return await adrive(_deciding(book, limits, now, at),
+                        lambda call: getattr(store, call[0])(*call[1], **call[2]))
+
+
+#: What `_deciding` asks of the store: (method name, arguments, keyword arguments).
+StoreCall = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+def _deciding(
+    book: Leases, limits: Sequence[Limit], now: float | None, at: float
+) -> Generator[StoreCall, Any, tuple[Decision, Decision]]:
+    """`decide()`'s steps: it yields the store calls it needs and is sent their replies."""
+    holds, refused = yield from _reserve(book, limits, now, at)
     others = [i for i, limit in enumerate(limits) if limit.batch is None]
     blocked = any(not limits[i].shadow for i in refused)
     stored: Decision | None = None
     if others and not blocked:
         try:
-            stored = store.evaluate([limits[i] for i in others], now)
+            stored = yield ("evaluate", ([limits[i] for i in others], now), {})
         except BaseException:
             for hold in holds.values():
                 book.cancel(hold)
@@ -347,8 +368,8 @@ def decide(
 
 
 def _reserve(
-    store: Any, book: Leases, limits: Sequence[Limit], now: float | None, at: float
-) -> tuple[dict[int, Hold], dict[int, Grant]]:
+    book: Leases, limits: Sequence[Limit], now: float | None, at: float
+) -> Generator[StoreCall, Any, tuple[dict[int, Hold], dict[int, Grant]]]:
     """The units each leased limit reserves for this request, by index, taking new leases
     in one call where the book has too few; and the grants that brought none."""
     holds: dict[int, Hold] = {}
@@ -364,7 +385,8 @@ def _reserve(
     if not need:
         return holds, refused
     try:
-        grants = store.lease([limits[i] for i in need], now, back=book.leftovers())
+        grants = yield ("lease", ([limits[i] for i in need], now),
+                        {"back": book.leftovers()})
     except BaseException:
         for hold in holds.values():
             book.cancel(hold)

@@ -27,6 +27,7 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
 from ratelimits.engine.errors import EngineError
+from ratelimits.engine.steps import adrive, drive
 from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.declared import SCOPES_ATTR
@@ -165,41 +166,28 @@ Steps = Generator[Any, Any, Any]
 
 
 def _run(steps: Steps) -> Any:
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            need = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            if isinstance(need, _Store):
-                value = need.engine.evaluate(need.limits, need.now)
-            elif isinstance(need, _Blocking):
-                value = need.fn(*need.args)
-        except Exception as exc:
-            error = exc
+    return drive(steps, _perform)
 
 
 async def _arun(steps: Steps) -> Any:
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            need = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            if isinstance(need, _Store):
-                value = await need.engine.aevaluate(need.limits, need.now)
-            elif isinstance(need, _Blocking):
-                value = await sync_to_async(need.fn)(*need.args)
-            else:
-                await _load_user(need.request)
-        except Exception as exc:
-            error = exc
+    return await adrive(steps, _aperform)
+
+
+def _perform(need: Any) -> Any:
+    if isinstance(need, _Store):
+        return need.engine.evaluate(need.limits, need.now)
+    if isinstance(need, _Blocking):
+        return need.fn(*need.args)
+    return None  # _User: a blocking stack reads request.user when a key asks
+
+
+async def _aperform(need: Any) -> Any:
+    if isinstance(need, _Store):
+        return await need.engine.aevaluate(need.limits, need.now)
+    if isinstance(need, _Blocking):
+        return await sync_to_async(need.fn)(*need.args)
+    await _load_user(need.request)
+    return None
 
 
 async def _load_user(request: Any) -> None:

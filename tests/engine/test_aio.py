@@ -181,3 +181,68 @@ def test_a_dead_server_fails_fast_and_the_breaker_opens(private_redis, loop, fau
     finally:
         if fault == "paused":
             private_redis.proc.send_signal(signal.SIGCONT)
+
+
+def test_leased_limits_are_decided_on_the_loop_and_exactly(redis_url, loop, monkeypatch):
+    """A limit with `batch` under the async Frontline: leases taken with awaited calls on
+    the loop's thread, the window's count exact, the same answers as the blocking path."""
+    import threading
+
+    from ratelimits.engine.frontline import Frontline
+
+    def front(engine: RedisEngine) -> Frontline:
+        return Frontline(engine, clock=lambda: T0)
+
+    blocking, aio = twins(redis_url)
+    sync_front, async_front = front(blocking), front(aio.twin)
+    async_front.aio = aio
+    threads = []
+    lease = AsyncRedisEngine.lease
+
+    async def watched(self, *args, **kwargs):
+        threads.append(threading.get_ident())
+        return await lease(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncRedisEngine, "lease", watched)
+    leased = Limit("c", "fixed_window", 25, 60, name="leased", batch=10)
+    plain = Limit("c", "gcra", 100, 60, name="plain")
+    want = [sync_front.evaluate([leased, plain], now=T0 + 1).allowed for _ in range(30)]
+    got = [loop.run_until_complete(async_front.aevaluate([leased, plain], now=T0 + 1)).allowed
+           for _ in range(30)]
+    assert got == want == [True] * 25 + [False] * 5
+    assert threads and set(threads) == {threading.get_ident()}
+    assert 3 <= len(threads) <= 4  # 10 + 10 + 5 units, and the refusal's ask
+
+
+def test_aacquire_waits_on_the_loop_and_asks_the_store_there(redis_url, loop, monkeypatch):
+    import threading
+
+    from ratelimits.engine.frontline import Frontline
+
+    _, aio = twins(redis_url)
+    front = Frontline(aio.twin)
+    front.aio = aio
+    threads = []
+    evaluate = AsyncRedisEngine.evaluate
+
+    async def watched(self, limits, now=None):
+        threads.append(threading.get_ident())
+        return await evaluate(self, limits, now)
+
+    monkeypatch.setattr(AsyncRedisEngine, "evaluate", watched)
+    class Clock:  # moved by the waits, never slept on
+        at = T0
+
+        def now(self):
+            return self.at
+
+        def sleep(self, seconds):
+            self.at += seconds
+
+    clock = Clock()
+    limit = Limit("c", "gcra", 10, 1, burst=1, name="paced")  # a turn every 0.1 s
+    for _ in range(3):
+        decision = loop.run_until_complete(front.aacquire([limit], timeout=1, clock=clock))
+        assert decision.allowed
+    assert clock.at == pytest.approx(T0 + 0.2)  # the second and third waited their turn
+    assert threads and set(threads) == {threading.get_ident()}
