@@ -40,12 +40,23 @@ def test_decisions_stay_on_the_event_loop(site, private_redis):
     assert len(keys) == 1  # counted in Redis, where every process sees it
 
 
-def test_a_dead_redis_follows_on_error_on_the_async_path(site, private_redis):
+@pytest.mark.parametrize("fault", ["killed", "paused"])
+def test_a_dead_redis_follows_on_error_on_the_async_path(site, private_redis, fault):
+    """As on the sync path (test_faults.py): a killed server refuses the connection, a
+    paused one accepts it and never answers; either way the answer comes within the
+    limiter's timeouts, per on_error, and the breaker then answers at once."""
     assert site.text("/async/")[0] == 200
-    private_redis.proc.send_signal(signal.SIGKILL)
-    private_redis.proc.wait()
-    for _ in range(3):
-        started = time.monotonic()
-        status, _ = site.text("/async/")
-        assert status == 503  # on_error="deny": refused, never an error page
-        assert time.monotonic() - started < 1.0  # the limiter's timeouts, not the cache's
+    if fault == "killed":
+        private_redis.proc.send_signal(signal.SIGKILL)
+        private_redis.proc.wait()
+    else:
+        private_redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            status, _ = site.text("/async/")
+            assert status == 503  # on_error="deny": refused, never an error page
+            assert time.monotonic() - started < 1.0  # the limiter's timeouts, not the cache's
+    finally:
+        if fault == "paused":
+            private_redis.proc.send_signal(signal.SIGCONT)
