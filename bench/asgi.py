@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.common import Check, Section, fmt_rate, median, spread, table
-from bench.e2e import CONNECTIONS, POLICIES, WRK_THREADS, prepare, run_once
+from bench.common import Check, Section
+from bench.e2e import CONNECTIONS, POLICIES, WRK_THREADS, prepare, run_once, wrk_table
 
 SCENARIOS = [
     # (label, settings scenario, path)
@@ -52,12 +52,7 @@ def run(quick: bool = False) -> Section:
         for _ in range(rounds):
             for label, scenario, path in SCENARIOS:
                 runs[label].append(run_once(db, scenario, path, seconds, warmup, uvicorn))
-    med = {label: median([r["rps"] for r in rs]) for label, rs in runs.items()}
-    rows = [[label, fmt_rate(med[label]), spread([r["rps"] for r in runs[label]]),
-             f"{median([r['p50'] for r in runs[label]]):.2f}",
-             f"{median([r['p99'] for r in runs[label]]):.2f}",
-             f"{sum(r['n'] for r in runs[label]):,}", sum(r["bad"] for r in runs[label])]
-            for label, *_ in SCENARIOS]
+    results, med = wrk_table(runs)
     section.add(
         "`uvicorn demo_project.asgi:application --workers 1` with `bench/e2e_settings.py`; "
         f"`wrk -t{WRK_THREADS} -c{CONNECTIONS}` (keep-alive) on the same cores, every "
@@ -68,8 +63,7 @@ def run(quick: bool = False) -> Section:
         "with redis.asyncio on the event loop; (i) is the same middleware handing the "
         "decision to `sync_to_async`'s thread, as before the asyncio engine."
     )
-    section.add(table(["scenario", "req/s", "±", "p50 ms", "p99 ms", "requests", "non-200"],
-                      rows))
+    section.add(results)
     g, h, i, j, k = (med[label] for label, *_ in SCENARIOS)
     section.checks += [
         Check("(h) our async middleware vs (g) no rate limiting", h / g, "≥ 0.8×", h / g >= 0.8),

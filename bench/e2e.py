@@ -207,6 +207,20 @@ def run_once(db: str, scenario: str, path: str, seconds: int, warmup: int,
             server.wait()
 
 
+def wrk_table(runs: dict[str, list[dict[str, float]]]) -> tuple[str, dict[str, float]]:
+    """The table of wrk runs per scenario (medians, spread, totals), and each scenario's
+    median requests per second."""
+    rows, med = [], {}
+    for label, rs in runs.items():
+        med[label] = median([r["rps"] for r in rs])
+        rows.append([label, fmt_rate(med[label]), spread([r["rps"] for r in rs]),
+                     f"{median([r['p50'] for r in rs]):.2f}",
+                     f"{median([r['p99'] for r in rs]):.2f}",
+                     f"{sum(r['n'] for r in rs):,}", sum(r["bad"] for r in rs)])
+    header = ["scenario", "req/s", "±", "p50 ms", "p99 ms", "requests", "non-200"]
+    return table(header, rows), med
+
+
 def run(quick: bool = False) -> Section:
     rounds, seconds, warmup = (1, 2, 1) if quick else (3, 8, 1)  # wrk takes whole seconds
     section = Section("3. End to end: the demo under gunicorn")
@@ -219,14 +233,7 @@ def run(quick: bool = False) -> Section:
         for _ in range(rounds):
             for label, scenario, path, policies in SCENARIOS:
                 runs[label].append(run_once(dbs[policies], scenario, path, seconds, warmup))
-    rows, med = [], {}
-    for label, *_ in SCENARIOS:
-        rs = runs[label]
-        med[label] = median([r["rps"] for r in rs])
-        rows.append([label, fmt_rate(med[label]), spread([r["rps"] for r in rs]),
-                     f"{median([r['p50'] for r in rs]):.2f}",
-                     f"{median([r['p99'] for r in rs]):.2f}",
-                     f"{sum(r['n'] for r in rs):,}", sum(r["bad"] for r in rs)])
+    results, med = wrk_table(runs)
     section.add(
         f"`gunicorn demo_project.wsgi -w {WORKERS}` (sync workers: 2 × cores + 1) with "
         f"`bench/e2e_settings.py`; `wrk -t{WRK_THREADS} -c{CONNECTIONS}` on the same cores, "
@@ -247,8 +254,7 @@ def run(quick: bool = False) -> Section:
         "anonymous, so the user throttle falls back to the IP too: two cache GETs and two "
         "SETs of the history list). Redis db 14 via django-redis for both."
     )
-    section.add(table(["scenario", "req/s", "±", "p50 ms", "p99 ms", "requests", "non-200"],
-                      rows))
+    section.add(results)
     a, b, b1, leased, alone, flood, a2, c, d = (med[label] for label, *_ in SCENARIOS)
     flood_scripts = median([r["scripts/s"] for r in runs[SCENARIOS[5][0]]])
     section.checks += [

@@ -22,13 +22,13 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from ratelimits.engine.contract import carry, decode, encode, lease_source
+from ratelimits.engine.contract import lease_source
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.functions import loaded_mode, next_step
 from ratelimits.engine.keys import base_key
 from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease
 from ratelimits.engine.live import live_source
-from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, RedisEngine
+from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, RedisEngine, admit, failed
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["AsyncRedisEngine"]
@@ -61,27 +61,13 @@ class AsyncRedisEngine:
         twin = self.twin
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
-        keys, args, token = encode(
-            limits, prefix=twin.prefix, now=now, version_key=twin.version_key,
-            stats=twin.stats,
-        )
-        tally = twin.tally
-        if twin.stats and tally.due():  # counts made in process ride along
-            carried = tally.take()
-            try:
-                reply = await self._run(keys, args + carry(*carried), now)
-            except EngineError:
-                tally.restore(*carried)
-                raise
-        else:
-            reply = await self._run(keys, args, now)
+        keys, args, token, carried = twin.call_of(limits, now)
         try:
-            decision = decode(limits, reply, versioned=bool(twin.version_key), token=token)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
-        if twin.stats:
-            tally.add(decision, reply[2])
-        return decision
+            reply = await self._run(keys, args, now)
+        except EngineError:
+            twin.unsent(carried)
+            raise
+        return twin.decision_of(limits, reply, token)
 
     async def _run(self, keys: list[str], args: list[Any], now: float | None) -> Any:
         beat = self.twin.heartbeat
@@ -155,19 +141,15 @@ class AsyncRedisEngine:
     async def _guarded(self, call: Any) -> Any:
         """Await `call` behind the twin's circuit breaker, its failures as engine errors."""
         breaker = self.twin.breaker
-        if breaker is not None and not breaker.allow():
+        try:
+            admit(breaker)
+        except EngineUnavailable:
             call.close()  # never awaited: no warning about it
-            raise EngineUnavailable("circuit open after repeated store failures")
+            raise
         try:
             reply = await call
-        except UNAVAILABLE_ERRORS as exc:
-            if breaker is not None:
-                breaker.failure()
-            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
-            if breaker is not None:
-                breaker.failure()
-            raise EngineError(str(exc)) from exc
+            raise failed(exc, breaker) from exc
         if breaker is not None:
             breaker.success()
         return reply

@@ -51,9 +51,9 @@ def base_key(prefix: str, limit: Limit) -> str:
     """The key a Redis call declares for `limit`: the client's own key (`client_key`),
     except under a window algorithm, whose counts are packed: a policy's clients are
     spread over `WINDOW_SHARDS` shards by a hash of the client, each shard holds one hash
-    per window (`<base key>:<window>`), and the client is a field of it
-    (`window_field`). No key per client: a small hash stores a client in about 20 bytes
-    where a key of its own costs Redis 130."""
+    per window (`<base key>:<window>`), and the client is a field of it (`cell`). No key
+    per client: a small hash stores a client in about 20 bytes where a key of its own
+    costs Redis 130."""
     return _cell(prefix, limit.name, limit.key, limit.algorithm)[0]
 
 

@@ -56,6 +56,22 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+def admit(breaker: CircuitBreaker | None) -> None:
+    """Raise EngineUnavailable at once while `breaker` is open: no socket is touched."""
+    if breaker is not None and not breaker.allow():
+        raise EngineUnavailable("circuit open after repeated store failures")
+
+
+def failed(exc: redis.RedisError, breaker: CircuitBreaker | None) -> EngineError:
+    """The engine error a failed store call raises (the breaker told): EngineUnavailable
+    when the store is out of reach, EngineError for an error of the call itself."""
+    if breaker is not None:
+        breaker.failure()
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return EngineUnavailable(str(exc) or type(exc).__name__)
+    return EngineError(str(exc))
+
+
 class RedisEngine(Acquiring):
     """Decide requests atomically in Redis; safe to share between threads.
 
@@ -92,19 +108,36 @@ class RedisEngine(Acquiring):
         """Check every limit and charge them all only if every enforced one admits."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
+        keys, args, token, carried = self.call_of(limits, now)
+        try:
+            reply = self._run(keys, args, now)
+        except EngineError:
+            self.unsent(carried)
+            raise
+        return self.decision_of(limits, reply, token)
+
+    def call_of(
+        self, limits: Sequence[Limit], now: float | None
+    ) -> tuple[list[str], list[Any], str | None, tuple[Counts, Counts] | None]:
+        """KEYS and ARGV of one decision, its token, and the tallied counts riding along
+        (None: none due). Shared with the asyncio twin (`engine.aio`)."""
         keys, args, token = encode(
             limits, prefix=self.prefix, now=now, version_key=self.version_key,
             stats=self.stats,
         )
+        carried = None
         if self.stats and self.tally.due():  # counts made in process ride along
             carried = self.tally.take()
-            try:
-                reply = self._run(keys, args + carry(*carried), now)
-            except EngineError:
-                self.tally.restore(*carried)
-                raise
-        else:
-            reply = self._run(keys, args, now)
+            args += carry(*carried)
+        return keys, args, token, carried
+
+    def unsent(self, carried: tuple[Counts, Counts] | None) -> None:
+        """The call that carried these counts failed: they wait for the next one."""
+        if carried is not None:
+            self.tally.restore(*carried)
+
+    def decision_of(self, limits: Sequence[Limit], reply: Any, token: str | None) -> Decision:
+        """The script's reply as a Decision, counted in the tally."""
         try:
             decision = decode(limits, reply, versioned=bool(self.version_key), token=token)
         except ValueError as exc:
@@ -125,21 +158,13 @@ class RedisEngine(Acquiring):
 
     def _guarded(self, call: Any) -> Any:
         """`call()` behind the circuit breaker, its failures as engine errors."""
-        breaker = self.breaker
-        if breaker is not None and not breaker.allow():
-            raise EngineUnavailable("circuit open after repeated store failures")
+        admit(self.breaker)
         try:
             reply = call()
-        except UNAVAILABLE_ERRORS as exc:
-            if breaker is not None:
-                breaker.failure()
-            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
-            if breaker is not None:
-                breaker.failure()
-            raise EngineError(str(exc)) from exc
-        if breaker is not None:
-            breaker.success()
+            raise failed(exc, self.breaker) from exc
+        if self.breaker is not None:
+            self.breaker.success()
         return reply
 
     def _with_beat(self, command: tuple[Any, ...], now: float | None, again: Any,

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -26,12 +26,14 @@ from django.utils.functional import SimpleLazyObject, empty
 from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
+from ratelimits.engine import steps
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.steps import adrive, drive
 from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.fallback import fallback
+from ratelimits.pipeline.identity import USER_KINDS
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.report import (
     deferred_signals,
@@ -162,7 +164,7 @@ class _User:
         self.request = request
 
 
-Steps = Generator[Any, Any, Any]
+Steps = steps.Steps[Any]
 
 
 def _run(steps: Steps) -> Any:
@@ -254,7 +256,7 @@ def _decide(
                                    second_pass=True))
 
     kinds = {p.key_spec.kind for p in policies}
-    if kinds & _USER_KINDS:
+    if kinds & USER_KINDS:
         yield _User(request)
     if "call" in kinds or (config["TIER"] and any(p.overrides for p in policies)):
         planned, failed = yield _Blocking(plan, request, policies, config, state,
@@ -284,9 +286,6 @@ def _decide(
             verdict = verdict.merged(extra)
     return verdict
 
-
-#: Key kinds that read `request.user`.
-_USER_KINDS = frozenset({"user", "user_or_ip"})
 
 
 def _now() -> float | None:
@@ -380,8 +379,8 @@ def _newer_snapshot(
         version = yield _Blocking(_read_version, config)
         if version is None:
             return None
-    if version == snap.version or resolver.pinned is not None:
-        return None
+    if not resolver.outdates(version, snap):
+        return None  # the snapshot is current: nothing to read
     return (yield _Blocking(resolver.observe, version, snap))
 
 

@@ -40,6 +40,8 @@ _MAX_DISPLAY = 80
 
 KINDS = ("ip", "user", "user_or_ip", "global", "header", "query", "call")
 _SIMPLE = frozenset({"ip", "user", "user_or_ip", "global"})
+#: The kinds that read `request.user`.
+USER_KINDS = frozenset({"user", "user_or_ip"})
 _USAGE = "use ip, user, user_or_ip, global, header:<Name>, query:<name> or call:<dotted.path>"
 _TOKEN = re.compile(r"[!#$%&'*+\-.^`|~0-9A-Za-z]+")  # RFC 9110 token, minus '_' (see below)
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", re.ASCII)
@@ -318,7 +320,7 @@ class KeySpec:
         kind = self.kind
         if kind == "global":
             return "global"
-        if kind in ("user", "user_or_ip"):
+        if kind in USER_KINDS:
             user = _user_identity(request)
             if user is not None or kind == "user":
                 return user

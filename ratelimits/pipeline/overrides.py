@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits.engine.types import Limit
-from ratelimits.pipeline.identity import identity_from_text
+from ratelimits.pipeline.identity import USER_KINDS, identity_from_text
 
 __all__ = ["Match", "OverrideTable", "Rule", "parse_match"]
 
 #: The match kinds that name a set of clients rather than one identity.
 GROUP, TIER = "group", "tier"
-_USER_KEYS = frozenset({"user", "user_or_ip"})
+_USER_KEYS = USER_KINDS
 _IP_KEYS = frozenset({"ip", "user_or_ip"})
 
 

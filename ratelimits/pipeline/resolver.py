@@ -326,9 +326,13 @@ class Resolver:
         snap = self._snapshot
         return None if snap is None or self._stale else snap
 
+    def outdates(self, version: int | None, snap: Snapshot) -> bool:
+        """Whether the engine's `version` asks for a snapshot other than `snap`."""
+        return version is not None and version != snap.version and self.pinned is None
+
     def observe(self, version: int | None, snap: Snapshot) -> Snapshot | None:
         """The engine reported `version`; returns a new snapshot if one was built for it."""
-        if version == snap.version or version is None or self.pinned is not None:
+        if not self.outdates(version, snap):
             return None
         new = self._rebuild(version, wait=False)
         return new if new is not snap and new.version == version else None
