@@ -311,6 +311,30 @@ def test_async_middleware_with_an_async_view(make_policy):
     assert response.asgi_request is not None  # it went through the async handler
 
 
+def test_async_refusals_reach_a_receiver_that_queries_the_database(make_policy):
+    """On the event loop the decision sends its signals with asend() once it is made: a
+    synchronous receiver runs in a thread, where the database may be queried."""
+    from ratelimits.models import Policy
+
+    make_policy(name="async-strict", limit=1, path="/async/")
+    seen = []
+
+    def receiver(sender, **kw):
+        seen.append((kw["policy"], Policy.objects.filter(name=kw["policy"]).count()))
+
+    signals.request_limited.connect(receiver, weak=False, dispatch_uid="async-t")
+
+    async def scenario():
+        client = AsyncClient()
+        return [(await client.get("/async/")).status_code for _ in range(2)]
+
+    try:
+        assert async_to_sync(scenario)() == [200, 429]
+    finally:
+        signals.request_limited.disconnect(dispatch_uid="async-t")
+    assert seen == [("async-strict", 1)]
+
+
 def test_a_cold_process_reads_the_policies_outside_the_event_loop(make_policy, caplog):
     """The first async request of a process that has not read the policies yet: they are
     read in a thread (the database is not the event loop's), and the request is limited
