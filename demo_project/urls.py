@@ -8,6 +8,7 @@ urlpatterns = [
     path("hello/", views.hello, name="hello"),
     path("search/", views.search, name="search"),
     path("slow/", views.slow, name="slow"),
+    path("busy/", views.busy, name="busy"),
     path("quote/", views.quote, name="quote"),
     path("report/", views.report, name="report"),
     path("api/items/", views.ItemList.as_view(), name="items"),

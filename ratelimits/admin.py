@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
+from ratelimits.engine.registry import LEARNED_ALGORITHMS
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import charts, observe
 from ratelimits.pipeline.declared import CODE_FIELDS
@@ -88,8 +89,8 @@ class PolicyAdmin(_ModelAdmin):
     inlines = (OverrideInline,)
     fieldsets = (
         (None, {"fields": ("name", "description", "mode", "rollout", "priority")}),
-        ("Rate", {"fields": ("algorithm", "limit", "period", "burst", "cost", "max_wait",
-                             "warmup")}),
+        ("Rate", {"fields": ("algorithm", "limit", "floor", "period", "burst", "cost",
+                             "max_wait", "warmup")}),
         ("Counting", {"fields": ("counting", "batch")}),
         ("Which requests", {"fields": ("key", "path", "methods", "scope")}),
         ("When the store is unreachable", {"fields": ("on_error",)}),
@@ -320,6 +321,8 @@ def observation(policy: Policy) -> dict[str, Any]:
             (f"{60 - i} min ago" if i < 59 else "this minute", c)
             for i, c in enumerate(minutes) if c.total
         ][::-1]
+        if policy.algorithm in LEARNED_ALGORITHMS:
+            context.update(learnt_charts(name, minutes))
     if day is not None:
         tens = observe.buckets(day[name], 10)
         context["day_chart"] = mark_safe(charts.line_chart(  # every text in it is escaped
@@ -329,6 +332,20 @@ def observation(policy: Policy) -> dict[str, Any]:
     context["offenders"] = offenders
     context["key_kind"] = policy.key.split(":", 1)[0]
     return context
+
+
+def learnt_charts(name: str, minutes: list[observe.Counts]) -> dict[str, Any]:
+    """An adaptive policy's limit and latency over the last hour, minute by minute."""
+    axis = ("60 min ago", "30 min ago", "now")
+    return {
+        "limit_chart": mark_safe(charts.line_chart(  # every text in it is escaped
+            minutes, title=f"{name}: the limit learnt (requests in flight), last hour",
+            axis=axis, series=charts.LIMIT_SERIES)),
+        "latency_chart": mark_safe(charts.line_chart(  # every text in it is escaped
+            minutes, title=f"{name}: latency of the requests it admitted (ms), last hour",
+            axis=axis, series=charts.LATENCY_SERIES)),
+        "learnt_now": next((c for c in reversed(minutes) if c.samples), None),
+    }
 
 
 def dashboard_rows(policies: list[Policy]) -> list[dict[str, Any]]:

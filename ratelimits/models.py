@@ -12,6 +12,7 @@ from django.db import models
 
 from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
+    LEARNED_ALGORITHMS,
     REGISTRY,
     WAITING_ALGORITHMS,
     WARMUP_ALGORITHMS,
@@ -34,6 +35,7 @@ _LIMIT_ERROR_FIELDS = (
     ("batch", "batch"),
     ("max_wait", "max_wait"),
     ("warmup", "warmup"),
+    ("floor", "floor"),
     ("cost must", "cost"),
     ("cost ", "cost"),
 )
@@ -114,12 +116,20 @@ class Policy(models.Model):
     algorithm = models.CharField(max_length=20, choices=ALGORITHM_CHOICES, default="sliding_window")
     limit = models.PositiveIntegerField(
         validators=[MinValueValidator(1)],
-        help_text="Requests (or cost units) per period; for concurrency, requests in flight.",
+        help_text="Requests (or cost units) per period; for concurrency, requests in flight; "
+        "for adaptive, the most requests in flight it may ever learn, per process.",
     )
     period = models.PositiveIntegerField(
         default=60,
         validators=[MinValueValidator(1)],
-        help_text="Seconds, e.g. 1, 60, 600 (10 minutes), 3600.",
+        help_text="Seconds, e.g. 1, 60, 600 (10 minutes), 3600; for adaptive, the time "
+        "between probes of the unloaded latency (at least 2).",
+    )
+    floor = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Adaptive only: the fewest requests in flight it ever allows per process "
+        "(1 to the limit); empty: 1.",
     )
     burst = models.PositiveIntegerField(
         null=True,
@@ -259,7 +269,9 @@ class Policy(models.Model):
         except ValueError as exc:
             add("path", str(exc))
 
-        if self.batch is not None and self.counting == Counting.PER_PROCESS:
+        self._check_learned(add)
+        if (self.batch is not None and self.counting == Counting.PER_PROCESS
+                and self.algorithm not in LEARNED_ALGORITHMS):
             add(
                 "batch",
                 "A per-process policy never calls the store, so it has no batch to lease; "
@@ -268,6 +280,20 @@ class Policy(models.Model):
         self._check_rate(add)
         if errors:
             raise ValidationError(errors)
+
+    def _check_learned(self, add: Any) -> None:
+        """An adaptive policy learns one limit per process from everything it matches:
+        its key is `global` and it counts in process. (Its floor, cost and period are
+        checked with the rest of the rate, by `Limit`.)"""
+        spec = REGISTRY.get(self.algorithm)
+        if spec is None or not spec.learned:
+            return
+        self.counting = Counting.PER_PROCESS  # each process learns its own limit
+        if self.key != "global":
+            add("key", "An adaptive limit is learnt from all the requests the policy "
+                "matches in a process, not per client: set the key to global.")
+        if self.batch is not None:
+            add("batch", "An adaptive policy never calls the store; clear batch.")
 
 
     def _check_rate(self, add: Any) -> None:
@@ -359,6 +385,7 @@ class Policy(models.Model):
             batch=self.batch if self.counting == Counting.SHARED else None,
             max_wait=float(self.max_wait or 0),
             warmup=float(self.warmup or 0),
+            floor=self.floor,
         )
 
     @property
@@ -370,7 +397,9 @@ class Policy(models.Model):
         if self.limit is None:
             return ""
         spec = REGISTRY.get(self.algorithm)
-        if spec is not None and spec.holds_slots:
+        if spec is not None and spec.learned:
+            text = f"{self.floor or 1} to {self.limit} at a time, learnt"
+        elif spec is not None and spec.holds_slots:
             text = f"{self.limit} at a time"
         else:
             text = f"{self.limit} per {human_period(self.period or 1)}"
@@ -450,7 +479,11 @@ class Override(models.Model):
                 parse_match(policy.key, self.match, get_config()["IPV6_PREFIX"])
             except ValueError as exc:
                 add("match", str(exc)[0].upper() + str(exc)[1:] + ".")
-        if self.exempt and (self.limit is not None or self.burst is not None):
+        if policy is not None and policy.algorithm in LEARNED_ALGORITHMS:
+            add("match", "An adaptive policy learns one limit per process from all the "
+                "requests it matches, so it has no clients to override; delete this "
+                "override, or give these clients a policy of their own.")
+        elif self.exempt and (self.limit is not None or self.burst is not None):
             add("exempt", "An exempt client has no limit: clear limit and burst, or "
                 "untick exempt.")
         elif not self.exempt and self.limit is None:

@@ -56,6 +56,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
     assert "created shadow   search-shadow" in first.stdout
     assert "created enforce  search-rollout" in first.stdout
     assert "created enforce  report-paced" in first.stdout
+    assert "created enforce  busy-adaptive" in first.stdout
     assert "created override hello-per-ip ip:10.0.0.0/8" in first.stdout
     again = run(["manage.py", "seed_policies"], demo_env)
     assert again.returncode == 0, again.stderr
@@ -69,7 +70,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
         ],
         demo_env,
     )
-    assert count.stdout.strip().splitlines()[-1] == "6"  # and "quote", declared in code
+    assert count.stdout.strip().splitlines()[-1] == "7"  # and "quote", declared in code
 
 
 def test_demo_admin_prints_a_working_login(demo_env):

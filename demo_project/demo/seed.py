@@ -1,5 +1,6 @@
 """The example policies the demo starts with: one enforced, one in shadow, one DRF scope,
-one rolled out to a quarter of the clients, one that warms up and lets requests wait."""
+one rolled out to a quarter of the clients, one that warms up and lets requests wait,
+one that learns how many requests a slow service may take at once."""
 
 EXAMPLE_POLICIES = [
     {
@@ -60,6 +61,18 @@ EXAMPLE_POLICIES = [
         "warmup": 10,
         "key": "ip",
         "path": "/report/",
+    },
+    {
+        "name": "busy-adaptive",
+        "description": "Adaptive: learns from their latency how many requests /busy/ may "
+        "run at once (1 to 16 per process); the rest get 503 at once.",
+        "mode": "enforce",
+        "algorithm": "adaptive",
+        "limit": 16,
+        "floor": 1,
+        "period": 60,
+        "key": "global",
+        "path": "/busy/",
     },
 ]
 

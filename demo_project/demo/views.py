@@ -1,6 +1,8 @@
 """A few views to watch ratelimits at work: plain, async, and a small DRF API."""
 
 import asyncio
+import threading
+import time
 
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -47,6 +49,24 @@ async def slow(request):
     """An async view: the middleware runs in the async stack without a thread hop."""
     await asyncio.sleep(0.05)
     return JsonResponse({"ok": True, "async": True})
+
+
+_busy = [0]  # requests in /busy/ now
+_busy_lock = threading.Lock()
+
+
+def busy(request):
+    """A service that slows down as it fills up: 20 ms per request in flight. Its
+    adaptive policy learns how many it may take at once, and answers the rest 503."""
+    with _busy_lock:
+        _busy[0] += 1
+        n = _busy[0]
+    try:
+        time.sleep(0.02 * n)
+        return JsonResponse({"in_flight": n})
+    finally:
+        with _busy_lock:
+            _busy[0] -= 1
 
 
 class ItemList(APIView):

@@ -250,6 +250,26 @@ def concurrency_commit(s: Store, key: str, now: float, P: float, c: float, r: Ch
     s.set(key, held, now, P)
 
 
+# -- adaptive ----------------------------------------------------------------------------
+#
+# Learnt in each process (`adaptive.AdaptiveEngine`), never checked against stored state:
+# an engine that is handed one says so instead of deciding it.
+
+
+def learned_check(s: Store, key: str, now: float, L: float, P: float, B: float,
+                  c: float) -> Check:
+    raise ValueError(LEARNED_ONLY)
+
+
+def learned_commit(s: Store, key: str, now: float, P: float, c: float, r: Check,
+                   token: str) -> None:
+    raise ValueError(LEARNED_ONLY)
+
+
+LEARNED_ONLY = ("an adaptive limit is learnt in each process and decided by "
+                "ratelimits.engine.adaptive.AdaptiveEngine, not by a store engine")
+
+
 def member(token: str, unit: int) -> str:
     """The name of one unit a request holds (as the Lua `add_members` writes it)."""
     return f"{token}:{unit}"

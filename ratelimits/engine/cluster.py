@@ -16,7 +16,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -527,6 +527,10 @@ class ClusterEngine(Acquiring):
     def count_locally(self, decision: Decision, now_us: int) -> None:
         """Count a decision made without the store's script (see `tally`)."""
         self.tally.add(decision, now_us)
+
+    def count_fields(self, name: str, now_us: int, fields: Mapping[str, int]) -> None:
+        """Add figures to policy `name`'s counters of that minute (see `tally`)."""
+        self.tally.add_fields(name, now_us, fields)
 
     def flush(self) -> None:
         """Send the tallied counters and offenders to the cluster now (raises

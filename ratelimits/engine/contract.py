@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from ratelimits.engine import constants
+from ratelimits.engine.algorithms import LEARNED_ONLY
 from ratelimits.engine.keys import cell, new_token, period_us, to_us
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
@@ -122,6 +123,8 @@ def _bodies() -> dict[str, tuple[str, str, str]]:
     lua = resources.files("ratelimits.engine") / "lua"
     out = {}
     for entry in REGISTRY.values():
+        if entry.learned:
+            continue  # decided in process, never by a script
         text = (lua / entry.lua).read_text("utf-8")
         _, _, bodies = text.partition("--[[check]]")
         check, _, rest = bodies.partition("--[[commit]]")
@@ -218,6 +221,8 @@ def encode(
     keys = []
     for limit in limits:
         spec = REGISTRY[limit.algorithm]
+        if spec.learned:
+            raise ValueError(LEARNED_ONLY)
         key, field = cell(prefix, limit)
         keys.append(key)
         if token is None and spec.stores_members:

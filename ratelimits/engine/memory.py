@@ -13,7 +13,7 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ratelimits.engine.acquire import Acquiring
@@ -50,7 +50,7 @@ from ratelimits.engine.keys import (
     to_us,
 )
 from ratelimits.engine.keyspace import Keyspace
-from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.registry import ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Decision, Limit, Outcome
 
 __all__ = ["MemoryEngine", "Prepared", "Receipt", "charge"]
@@ -140,8 +140,8 @@ _REFUNDS: dict[str, Callable[[Keyspace, Prepared, float, Check, str], None]] = {
     "gcra": _refund_tat,
     "concurrency": _refund_slots,
 }
-if set(_REFUNDS) != set(REGISTRY):  # a new algorithm needs its refund here too
-    raise RuntimeError(f"no in-process refund for {sorted(set(REGISTRY) - set(_REFUNDS))}")
+if set(_REFUNDS) != set(ALGORITHMS):  # a new algorithm needs its refund here too
+    raise RuntimeError(f"no in-process refund for {sorted(set(ALGORITHMS) - set(_REFUNDS))}")
 
 
 def charge(
@@ -300,10 +300,35 @@ class MemoryEngine(Acquiring):
             admitted, _, allowed, _ = charge(store, prepared, now_f)
         return admitted, allowed
 
-    def _count(self, key: str, field: str, now: float) -> None:
+    def _count(self, key: str, field: str, now: float, n: int = 1) -> None:
         counts: dict[str, int] = self._store.get(key, now) or {}
-        counts[field] = counts.get(field, 0) + 1
+        counts[field] = counts.get(field, 0) + n
         self._store.set(key, counts, now, STATS_TTL * US)
+
+    def count_locally(self, decision: Decision, now_us: int) -> None:
+        """Count a decision another engine of this process made (an adaptive limit's),
+        in the counters and offenders, as `evaluate()` counts its own."""
+        now_f = float(now_us)
+        minute = math.floor(now_f / (60 * US))
+        with self._lock:
+            for result in decision.results:
+                name = result.limit.name
+                if not name:
+                    continue
+                field = result.outcome.value
+                self._count(stats_key(self.prefix, name, minute), field, now_f)
+                if not result.allowed:
+                    hour = math.floor(now_f / (3600 * US))
+                    self._offend(offenders_key(self.prefix, name, hour),
+                                 result.limit.key[:OFFENDER_CHARS], now_f)
+
+    def count_fields(self, name: str, now_us: int, fields: Mapping[str, int]) -> None:
+        """Add figures to policy `name`'s counters of that minute (as `Tally.add_fields`)."""
+        now_f = float(now_us)
+        key = stats_key(self.prefix, name, math.floor(now_f / (60 * US)))
+        with self._lock:
+            for field, n in fields.items():
+                self._count(key, field, now_f, n)
 
     def _offend(self, key: str, who: str, now: float) -> None:
         """Space-Saving top-k, as the Lua `offend`: a newcomer to a full list takes the

@@ -3,7 +3,7 @@ the batch function, or EVALSHA of the same script where the server has no Functi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -252,6 +252,10 @@ class RedisEngine(Acquiring):
         """Count a decision made without the script (a remembered refusal, a leased unit):
         it reaches the counters and offenders within `tally.FLUSH_EVERY`."""
         self.tally.add(decision, now_us)
+
+    def count_fields(self, name: str, now_us: int, fields: Mapping[str, int]) -> None:
+        """Add figures to policy `name`'s counters of that minute (see `tally`)."""
+        self.tally.add_fields(name, now_us, fields)
 
     def flush(self) -> None:
         """Send what `count_locally` tallied now (EngineUnavailable when it cannot)."""

@@ -57,11 +57,16 @@ class Algorithm:
     reserves: bool = False
     #: Takes a `warmup` (a cold client starts at a third of the rate, without burst).
     warms: bool = False
+    #: Decided in each process by a limit learnt from latency (`adaptive.AdaptiveEngine`),
+    #: never by a store: no Lua (`lua` is empty), no stored state, a `floor`.
+    learned: bool = False
+    #: What operators call it, when more than its name with spaces.
+    called: str = ""
 
     @property
     def label(self) -> str:
         """How people read the name: "sliding window"."""
-        return self.name.replace("_", " ")
+        return self.called or self.name.replace("_", " ")
 
     @property
     def burst_word(self) -> str:
@@ -113,11 +118,16 @@ REGISTRY: dict[str, Algorithm] = {
         Algorithm("concurrency", "c", "concurrency.lua",
                   a.concurrency_check, a.concurrency_commit, stores_members=True,
                   holds_slots=True, replayable=False),
+        Algorithm("adaptive", "ad", "", a.learned_check, a.learned_commit,
+                  holds_slots=True, replayable=False, learned=True,
+                  called="adaptive concurrency"),
     )
 }
 
-#: The algorithms' names, in the order operators see them.
-ALGORITHMS: tuple[str, ...] = tuple(REGISTRY)
+#: The names of the algorithms a store engine decides, in the order operators see them.
+ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if not e.learned)
+#: Those each process learns alone (see `Algorithm.learned`).
+LEARNED_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.learned)
 #: Those that take a `burst`.
 BURST_ALGORITHMS: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.has_burst)
 #: Those that take a `batch` (see `Algorithm.leasable`).
@@ -132,5 +142,5 @@ def algorithm(name: str) -> Algorithm:
     """The entry of `name`, or a ValueError that lists the choices."""
     entry = REGISTRY.get(name)
     if entry is None:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(REGISTRY)}")
     return entry

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from ratelimits.engine.constants import OFFENDER_CHARS, US
@@ -66,11 +66,7 @@ class Tally:
         minute = math.floor(now_us / (60 * US))
         hour = math.floor(now_us / (3600 * US))
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent sends its own counts
-                self._pid = os.getpid()
-                self._counts, self._offenders, self._flushing = {}, {}, False
-            if not self._counts and not self._offenders:
-                self._first = time.monotonic()
+            self._starting()
             for result in decision.results:
                 name = result.limit.name
                 if not name:
@@ -82,14 +78,40 @@ class Tally:
                     who = result.limit.key[:OFFENDER_CHARS]
                     offenders = self._offenders.setdefault((name, hour), {})
                     offenders[who] = offenders.get(who, 0) + 1
-            # one flush pending at a time, `every` after the first count it will send: a
-            # call made meanwhile may carry them instead, and a process that goes quiet
-            # still sends its last counts
-            schedule = not self._flushing
-            if schedule:
-                self._flushing = True
+            schedule = self._schedule()
         if schedule:
             self._executor().submit(self._flush_quietly, self.every)
+
+    def add_fields(self, name: str, now_us: int, fields: Mapping[str, int]) -> None:
+        """Add `fields` (counter field -> n) to policy `name`'s counters of the minute of
+        `now_us`: figures beside the outcomes, such as an adaptive limit's samples."""
+        minute = math.floor(now_us / (60 * US))
+        with self._lock:
+            self._starting()
+            counts = self._counts.setdefault((name, minute), {})
+            for field, n in fields.items():
+                counts[field] = counts.get(field, 0) + n
+            schedule = self._schedule()
+        if schedule:
+            self._executor().submit(self._flush_quietly, self.every)
+
+    def _starting(self) -> None:
+        """Before counting (the lock held): a forked child starts empty, and the first
+        count starts the clock of `due()`."""
+        if self._pid != os.getpid():  # a forked child: the parent sends its own counts
+            self._pid = os.getpid()
+            self._counts, self._offenders, self._flushing = {}, {}, False
+        if not self._counts and not self._offenders:
+            self._first = time.monotonic()
+
+    def _schedule(self) -> bool:
+        """Whether to schedule a flush (the lock held). One flush is pending at a time,
+        `every` after the first count it will send: a call made meanwhile may carry
+        them instead, and a process that goes quiet still sends its last counts."""
+        if self._flushing:
+            return False
+        self._flushing = True
+        return True
 
     def pending(self) -> bool:
         """Whether anything waits to be sent."""

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from ratelimits.engine.algorithms import member
 from ratelimits.engine.registry import (
-    ALGORITHMS,
     BURST_ALGORITHMS,
+    LEARNED_ALGORITHMS,
     LEASABLE_ALGORITHMS,
     REGISTRY,
     WAITING_ALGORITHMS,
@@ -38,7 +38,10 @@ class Limit:
     is admitted now, charged, with `Result.delay` saying how long to wait (a
     reservation); only for `WAITING_ALGORITHMS`. `warmup`: seconds of use over which a
     cold client's rate rises from a third of the limit to all of it, without burst
-    meanwhile (Guava's SmoothWarmingUp); only for `WARMUP_ALGORITHMS`.
+    meanwhile (Guava's SmoothWarmingUp); only for `WARMUP_ALGORITHMS`. `floor`: the
+    fewest requests in flight an adaptive limit ever allows (None: 1); only for
+    `LEARNED_ALGORITHMS`, whose `limit` is the most it ever allows and `period` the
+    seconds between its probes (see `adaptive`).
     """
 
     key: str
@@ -52,11 +55,12 @@ class Limit:
     batch: int | None = None
     max_wait: float = 0.0
     warmup: float = 0.0
+    floor: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in REGISTRY:
             raise ValueError(
-                f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALGORITHMS)}"
+                f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(REGISTRY)}"
             )
         if not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit <= 0:
             raise ValueError(f"limit must be a positive integer, got {self.limit!r}")
@@ -74,6 +78,7 @@ class Limit:
                 raise ValueError(f"burst must be a non-negative integer, got {self.burst!r}")
         self._check_batch()
         self._check_waits()
+        self._check_floor()
         if self.cost > self.capacity:
             raise ValueError(
                 f"cost {self.cost} exceeds the capacity {self.capacity} of this limit: "
@@ -110,6 +115,26 @@ class Limit:
             if seconds and not allowed:
                 raise ValueError(f"{name} applies only to {', '.join(what)}, not to "
                                  f"{self.algorithm}")
+
+    def _check_floor(self) -> None:
+        if not self.spec.learned:
+            if self.floor is not None:
+                raise ValueError(f"floor applies only to {', '.join(LEARNED_ALGORITHMS)}, "
+                                 f"not to {self.algorithm}")
+            return
+        if self.cost != 1:
+            raise ValueError(f"cost must be 1 for {self.algorithm}: it counts requests in "
+                             f"flight, got {self.cost!r}")
+        if self.floor is not None and (
+            not isinstance(self.floor, int) or isinstance(self.floor, bool)
+            or not 1 <= self.floor <= self.limit
+        ):
+            raise ValueError(f"floor must be an integer from 1 to the limit ({self.limit}), "
+                             f"got {self.floor!r}")
+        if self.period < 2:
+            raise ValueError(f"period must be at least 2 seconds for {self.algorithm} (it "
+                             f"is the time between probes, each of 1 second), got "
+                             f"{self.period!r}")
 
     @property
     def spec(self) -> Algorithm:

@@ -7,6 +7,7 @@ legend repeats both beside the name, and every chart carries a text summary (<ti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -17,10 +18,12 @@ from ratelimits.ops.observe import Counts
 @dataclass(frozen=True)
 class Series:
     label: str
-    attr: str  # the Counts attribute drawn
+    attr: str  # the Counts attribute drawn (None: no figure that minute, a gap)
     dash: str  # stroke-dasharray ("" = solid)
     marker: str  # "circle", "square" or "triangle"
     colour: str
+    #: The legend gives the span's total (counts), else the mean of its figures (gauges).
+    sums: bool = True
 
 
 SERIES = (
@@ -28,6 +31,11 @@ SERIES = (
     Series("rejected", "rejected", "8 4", "square", "#b3261e"),
     Series("would reject (shadow)", "would_reject", "2 3", "triangle", "#8a5a00"),
 )
+#: An adaptive policy's figures: the limit its processes learnt, the latency it saw.
+LIMIT_SERIES = (Series("limit learnt (mean per process)", "mean_limit", "", "circle",
+                       "#1f4e79", sums=False),)
+LATENCY_SERIES = (Series("latency, ms (mean)", "latency_ms", "8 4", "square", "#8a5a00",
+                         sums=False),)
 
 
 def _nice_max(value: int) -> int:
@@ -64,26 +72,29 @@ def line_chart(
     width: int = 720,
     height: int = 220,
     markers_every: int = 10,
+    series: Sequence[Series] = SERIES,
 ) -> str:
     """A line per series over `counts` (oldest first); `axis` labels left, middle, right."""
     left, right, top, bottom = 48, 16, 16, 56
     plot_w, plot_h = width - left - right, height - top - bottom
     n = max(1, len(counts))
-    top_value = _nice_max(max((getattr(c, s.attr) for c in counts for s in SERIES), default=0))
-    totals = {s.label: sum(getattr(c, s.attr) for c in counts) for s in SERIES}
-    summary = "; ".join(f"{label}: {total:,}" for label, total in totals.items())
+    values = {s.attr: [getattr(c, s.attr) for c in counts] for s in series}
+    highest = max((v for vs in values.values() for v in vs if v is not None), default=0)
+    top_value = _nice_max(math.ceil(highest))
+    legend = {s.label: _summary(s, values[s.attr]) for s in series}
+    summary = "; ".join(f"{label}: {text}" for label, text in legend.items())
 
     def x(i: int) -> float:
         return left + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
 
-    def y(v: int) -> float:
+    def y(v: float) -> float:
         return top + plot_h - plot_h * v / top_value
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="rl-chart" role="img" '
         f'viewBox="0 0 {width} {height}" width="100%" style="max-width:{width}px">',
         f"<title>{escape(title)}</title>",
-        f"<desc>Totals over the span: {escape(summary)}. Scale 0 to {top_value:,}.</desc>",
+        f"<desc>Over the span: {escape(summary)}. Scale 0 to {top_value:,}.</desc>",
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
         'stroke="#999" stroke-width="1"/>',
     ]
@@ -108,27 +119,29 @@ def line_chart(
             f'<text x="{xx:.1f}" y="{top + plot_h + 16}" font-size="11" '
             f'text-anchor="{anchor}" fill="currentColor">{escape(text)}</text>'
         )
-    for s in SERIES:
-        points = " ".join(f"{x(i):.1f},{y(getattr(c, s.attr)):.1f}" for i, c in enumerate(counts))
+    step = max(1, markers_every)
+    for s in series:
         dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-        parts.append(
-            f'<polyline class="rl-{s.attr}" points="{points}" fill="none" stroke="{s.colour}" '
-            f'stroke-width="2"{dash}/>'
-        )
-        step = max(1, markers_every)
-        marked = sorted({*range(0, len(counts), step), len(counts) - 1} - {-1})
-        for i in marked:
-            parts.append(_marker(s.marker, x(i), y(getattr(counts[i], s.attr)), s.colour))
-    # the legend: pattern swatch, marker and name, with the span's total
+        for run in _runs(values[s.attr]):  # a minute without a figure leaves a gap
+            points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
+            parts.append(
+                f'<polyline class="rl-{s.attr}" points="{points}" fill="none" '
+                f'stroke="{s.colour}" stroke-width="2"{dash}/>'
+            )
+        last = len(counts) - 1
+        for i, v in enumerate(values[s.attr]):
+            if v is not None and (i % step == 0 or i == last):
+                parts.append(_marker(s.marker, x(i), y(v), s.colour))
+    # the legend: pattern swatch, marker and name, with the span's total or mean
     lx, ly = left, height - 14
-    for s in SERIES:
+    for s in series:
         dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
         parts.append(
             f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 28}" y2="{ly - 4}" stroke="{s.colour}" '
             f'stroke-width="2"{dash}/>'
         )
         parts.append(_marker(s.marker, lx + 14, ly - 4, s.colour))
-        label = f"{s.label} ({totals[s.label]:,})"
+        label = f"{s.label} ({legend[s.label]})"
         parts.append(
             f'<text x="{lx + 34}" y="{ly}" font-size="12" fill="currentColor">'
             f"{escape(label)}</text>"
@@ -136,6 +149,26 @@ def line_chart(
         lx += 40 + 7 * len(label)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _summary(series: Series, values: Sequence[float | None]) -> str:
+    """The legend's figure: the span's total, or the mean of the minutes with one."""
+    present = [v for v in values if v is not None]
+    if series.sums:
+        return f"{sum(present):,}"
+    return f"mean {sum(present) / len(present):,.1f}" if present else "no samples"
+
+
+def _runs(values: Sequence[float | None]) -> list[list[tuple[int, float]]]:
+    """The runs of consecutive figures, each as (index, value) pairs."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for i, v in enumerate(values):
+        if v is None:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append((i, v))
+    return [run for run in runs if run]
 
 
 def sparkline(counts: Sequence[Counts], *, width: int = 160, height: int = 28) -> str:

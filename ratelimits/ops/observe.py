@@ -9,12 +9,14 @@ offenders. Nothing here scans the keyspace.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.pipeline import store
+from ratelimits.pipeline.store import LATENCY_US, LIMIT_SUM, SAMPLES
 
 MINUTE = 60
 HOUR = 3600
@@ -31,25 +33,36 @@ class Counts:
 
     `admitted`: passed and charged. `rejected`: refused by this (enforced) policy.
     `would_reject`: a shadow policy would have refused. `spared`: this policy admitted
-    but another refused the request, so nothing was charged.
+    but another refused the request, so nothing was charged. An adaptive policy's
+    samples besides (`store.SAMPLES` ...): how many, their latencies and the limits they
+    left, summed over every process.
     """
 
     admitted: int = 0
     rejected: int = 0
     would_reject: int = 0
     spared: int = 0
+    samples: int = 0
+    latency_us: int = 0
+    limit_sum: int = 0
 
     @classmethod
     def of(cls, raw: dict[str, int]) -> Counts:
-        return cls(raw.get("a", 0), raw.get("r", 0), raw.get("w", 0), raw.get("o", 0))
+        return cls(raw.get("a", 0), raw.get("r", 0), raw.get("w", 0), raw.get("o", 0),
+                   raw.get(SAMPLES, 0), raw.get(LATENCY_US, 0), raw.get(LIMIT_SUM, 0))
 
     def __add__(self, other: Counts) -> Counts:
-        return Counts(
-            self.admitted + other.admitted,
-            self.rejected + other.rejected,
-            self.would_reject + other.would_reject,
-            self.spared + other.spared,
-        )
+        return Counts(*(a + b for a, b in zip(_figures(self), _figures(other), strict=True)))
+
+    @property
+    def latency_ms(self) -> float | None:
+        """The mean latency of the sampled requests (ms); None without samples."""
+        return self.latency_us / self.samples / 1000 if self.samples else None
+
+    @property
+    def mean_limit(self) -> float | None:
+        """The mean in-flight limit a process had learnt; None without samples."""
+        return self.limit_sum / self.samples if self.samples else None
 
     @property
     def total(self) -> int:
@@ -64,6 +77,10 @@ class Counts:
     def refused_share(self) -> float | None:
         """The share of requests refused or would-be refused; None with no traffic."""
         return self.refused / self.total if self.total else None
+
+
+def _figures(counts: Counts) -> tuple[int, ...]:
+    return tuple(getattr(counts, f.name) for f in dataclasses.fields(counts))
 
 
 def current_minute(now: float | None = None) -> int:

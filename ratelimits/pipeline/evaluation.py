@@ -49,7 +49,12 @@ from ratelimits.pipeline.state import (
     process,
     state_for,
 )
-from ratelimits.pipeline.store import get_engine, get_local_engine
+from ratelimits.pipeline.store import (
+    count_in_store,
+    get_adaptive_engine,
+    get_engine,
+    get_local_engine,
+)
 from ratelimits.pipeline.verdict import (
     ADMITTED,
     LIMITED,
@@ -264,10 +269,11 @@ def _decide(
     else:
         planned, failed = plan(request, policies, config, state, snap.members)
     state.charged.update(p.id for p in policies)
-    own = [p for p in planned if p.policy.counting == PER_PROCESS]
-    if own:
-        verdict, decision = yield from _decide_own(request, state, planned, own, failed,
-                                                   sender, config)
+    layers = _local_layers(planned)
+    if layers:
+        verdict, decision = yield from _decide_local(
+            request, state, layers, [p for p in planned if p.policy.counting != PER_PROCESS
+                                     and not p.limit.spec.learned], failed, sender, config)
     else:
         verdict, decision = yield from _decide_shared(request, state, planned, failed,
                                                       sender, config)
@@ -327,38 +333,58 @@ def _decide_shared(
     return judge(request, state, planned, decision, failed, sender, config), decision
 
 
-def _decide_own(
+def _local_layers(planned: list[Planned]) -> list[tuple[Any, list[Planned]]]:
+    """The policies decided in this process, each kind with its engine: the adaptive
+    ones first (a refusal there is the cheapest), then the per-process ones."""
+    layers: list[tuple[Any, list[Planned]]] = []
+    learned = [p for p in planned if p.limit.spec.learned]
+    if learned:
+        layers.append((get_adaptive_engine(), learned))
+    own = [p for p in planned if p.policy.counting == PER_PROCESS and not p.limit.spec.learned]
+    if own:
+        layers.append((get_local_engine(), own))
+    return layers
+
+
+def _decide_local(
     request: Any,
     state: RequestState,
-    planned: list[Planned],
-    own: list[Planned],
+    layers: list[tuple[Any, list[Planned]]],
+    shared: list[Planned],
     failed: list[Any],
     sender: type,
     config: Mapping[str, Any],
 ) -> Steps:
-    """Per-process policies first, in this process alone; the shared ones in the store
-    only if those admit, and given back here if the store refuses: all or nothing."""
-    shared = [p for p in planned if p.policy.counting != PER_PROCESS]
-    local = get_local_engine()
+    """Each layer of in-process policies in its engine, in order; the shared ones in the
+    store only if all of those admit; and what a layer took given back if a later one
+    (or the store, or its `on_error`) refuses: all or nothing."""
+    (engine, own), rest = layers[0], layers[1:]
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
-    mine, receipt = local.take([p.limit for p in own], _now())
+    now = _now()
+    mine, receipt = engine.take([p.limit for p in own], now)
     seconds = time.perf_counter() - started if recorder is not None else 0.0
     decision: Decision | None = None
-    if not mine.allowed or not shared:
-        # decided here: the store is not asked (the shared ones stay undecided)
-        undecided = tuple(Outcome(p.policy, p.identity) for p in shared)
+    if not mine.allowed or not (rest or shared):
+        # decided here: the later layers and the store are not asked
+        undecided = tuple(Outcome(p.policy, p.identity)
+                          for p in [*(p for _, later in rest for p in later), *shared])
         verdict = judge(request, state, own, mine, failed, sender, config, prior=undecided)
     else:
-        verdict, decision = yield from _decide_shared(request, state, shared, failed, sender,
-                                                      config)
+        if rest:
+            verdict, decision = yield from _decide_local(request, state, rest, shared,
+                                                         failed, sender, config)
+        else:
+            verdict, decision = yield from _decide_shared(request, state, shared, failed,
+                                                          sender, config)
         if not verdict.allowed and receipt is not None:
-            mine = local.refund(receipt)
+            mine = engine.refund(receipt)
         verdict = verdict.merged(judge(request, state, own, mine, (), sender, config))
     if mine.token is not None:
-        hold(state, local, mine)
+        hold(state, engine, mine)
+    count_in_store(engine, mine, now)
     if recorder is not None:
-        recorder.decided(local, seconds, [(p.policy, p.identity) for p in own], mine)
+        recorder.decided(engine, seconds, [(p.policy, p.identity) for p in own], mine)
     return verdict, decision
 
 

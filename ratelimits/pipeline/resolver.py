@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits.conf import get_config
-from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Limit
 from ratelimits.pipeline.declared import numbered, registry
 from ratelimits.pipeline.overrides import OverrideTable, Rule, parse_match
@@ -181,8 +181,19 @@ def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy
         template=_held_at_most(policy.as_limit(""), get_config()["MAX_DELAY"]),
         counting=policy.counting,
         rollout=policy.rollout,
-        overrides=_compile_overrides(policy, overrides),
+        overrides=_compile_overrides(policy, _overridable(policy, overrides)),
     )
+
+
+def _overridable(policy: Any, overrides: Iterable[Any]) -> Iterable[Any]:
+    """`overrides`, or none for an adaptive policy (it has no clients to override;
+    `Override.clean()` refuses them, and these were saved before it became one)."""
+    if policy.algorithm not in LEARNED_ALGORITHMS:
+        return overrides
+    for row in overrides:
+        logger.error("ratelimits: override %r of policy %r is skipped: an adaptive policy "
+                     "takes none", row.match, policy.name)
+    return ()
 
 
 def _held_at_most(template: Limit, max_delay: float) -> Limit:

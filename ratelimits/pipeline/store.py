@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,11 +21,14 @@ from django.dispatch import receiver
 
 from ratelimits.conf import RedisURL, get_config
 
+logger = logging.getLogger("ratelimits")
+
 DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
 
 _lock = threading.RLock()  # get_engine() may build the local engine inside
 _engine: Any = None
 _local: Any = None
+_adaptive: Any = None
 _breaker: Any = None
 
 
@@ -291,6 +296,58 @@ def get_local_engine() -> Any:
     return _local
 
 
+def get_adaptive_engine() -> Any:
+    """The process-wide engine of adaptive policies (`engine.adaptive`): each process
+    learns its own limits; their samples reach the store's counters (`_sampled`)."""
+    global _adaptive
+    if _adaptive is None:
+        from ratelimits.engine.adaptive import AdaptiveEngine
+
+        with _lock:
+            if _adaptive is None:
+                _adaptive = AdaptiveEngine(on_sample=_sampled, clock=_wall_clock)
+    return _adaptive
+
+
+def _wall_clock() -> float:
+    """The time a request is released at: a test's clock (`ratelimits.testing`), else now."""
+    from ratelimits.pipeline.state import process
+
+    clock = process.test_clock
+    return time.time() if clock is None else float(clock.now())
+
+
+#: The counters' fields an adaptive policy's samples add to, per minute: how many, the
+#: sum of their latencies (µs) and the sum of the limit each left, so that the admin
+#: charts both averages, over every process.
+SAMPLES, LATENCY_US, LIMIT_SUM = "n", "t", "k"
+
+
+def _sampled(limit: Any, at: float, latency: float, learnt: int) -> None:
+    if not limit.name:
+        return
+    try:
+        count = getattr(get_engine(), "count_fields", None)
+        if count is not None:
+            count(limit.name, int(at * 1_000_000),
+                  {SAMPLES: 1, LATENCY_US: round(latency * 1_000_000), LIMIT_SUM: learnt})
+    except Exception as exc:  # a figure for a chart never fails a response
+        logger.debug("ratelimits: an adaptive sample was not counted (%s)", exc)
+
+
+def count_in_store(engine: Any, decision: Any, now: float | None) -> None:
+    """Count a decision made in process by `engine` (an adaptive or per-process policy)
+    in the store's counters and offenders too, so the admin and `ratelimits status`
+    show it; unless `engine` is the store (it counted it already)."""
+    try:
+        store = get_engine()
+    except Exception:  # a cluster out of reach: the count is lost, never the request
+        return
+    count = getattr(store, "count_locally", None)
+    if store is not engine and count is not None:
+        count(decision, int((time.time() if now is None else now) * 1_000_000))
+
+
 def install(engine: Any) -> None:
     """Decide with `engine`, shared and per-process policies alike, until the next
     `reset_engines()` (`ratelimits.testing` installs a fresh in-process engine)."""
@@ -312,10 +369,10 @@ def reset_engines() -> None:
     The forgotten store engine is closed first: what it tallied and its leases go to its
     store now, not from a background thread at some later moment (into another
     configuration's store, or between two tests)."""
-    global _engine, _local, _breaker
+    global _engine, _local, _adaptive, _breaker
     with _lock:
         old, _engine = _engine, None
-        _local = None
+        _local = _adaptive = None
         _breaker = None
     close = getattr(old, "close", None)
     if close is not None:

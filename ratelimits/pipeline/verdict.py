@@ -100,7 +100,10 @@ def judge(
         if outcome.result is not None and not outcome.result.allowed:
             report(request, outcome, sender)
     if not decision.allowed:
-        return Verdict(LIMITED, outcomes, (decision,))
+        # an adaptive limit refuses for the service's sake, not the client's rate
+        rejected = decision.rejected_by
+        overloaded = rejected and all(r.limit.spec.learned for r in rejected)
+        return Verdict(UNAVAILABLE if overloaded else LIMITED, outcomes, (decision,))
     if any(p.on_error == "deny" and not p.shadow for p in failed):
         return Verdict(UNAVAILABLE, outcomes, (decision,), own_retry_after=UNAVAILABLE_RETRY_AFTER)
     delay = decision.delay

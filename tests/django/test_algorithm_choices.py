@@ -25,4 +25,6 @@ def test_burst_and_wording_follow_the_entry(name):
         with pytest.raises(ValidationError, match="has no burst"):
             policy.clean()
     policy.burst = None
-    assert policy.human_rate().startswith("5 at a time" if spec.holds_slots else "5 per second")
+    expected = "1 to 5 at a time" if spec.learned else "5 at a time" if spec.holds_slots else \
+        "5 per second"
+    assert policy.human_rate().startswith(expected)

@@ -49,10 +49,13 @@ class Site:
         self.run("from ratelimits.models import Policy\n"
                  f"p = Policy(**{fields!r})\np.full_clean()\np.save()")
 
-    def start(self, workers: int) -> None:
+    def start(self, workers: int, threads: int = 1) -> None:
+        """`gunicorn -w workers`; with `threads` > 1, each worker serves that many
+        requests at once (the gthread worker)."""
+        extra = ["-k", "gthread", "--threads", str(threads)] if threads > 1 else []
         self._serve([sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
                      "-w", str(workers), "-b", f"127.0.0.1:{self.port}",
-                     "--log-level", "warning"])
+                     "--log-level", "warning", *extra])
 
     def start_asgi(self) -> None:
         """One uvicorn process serving the site's ASGI application."""

@@ -54,5 +54,7 @@ async def threads(request):
     return JsonResponse({"loop": threading.get_ident(), "decided_on": decided_on})
 
 
+from bench.closed_loop import abusy, busy  # noqa: E402
+
 urlpatterns = [path("hello/", pid), path("free/", pid), path("async/", threads),
-               path("threads/", threads)]
+               path("threads/", threads), path("busy/", busy), path("abusy/", abusy)]

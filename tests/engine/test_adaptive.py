@@ -151,3 +151,102 @@ def test_forty_clients_keep_the_latency_near_the_unloaded_one(parallel):
     unlimited = _Fixed(10**9)
     crowd = simulate(unlimited.acquire, unlimited.release, parallel=parallel)[0]
     assert _p95(crowd) >= 40 / parallel * BASE
+
+
+# -- the engine of a process's adaptive limits ---------------------------------------------
+
+from ratelimits.engine.adaptive import AdaptiveEngine  # noqa: E402
+from ratelimits.engine.types import Limit, Outcome  # noqa: E402
+
+
+def _limit(name="busy", maximum=4, floor=2, shadow=False, period=60.0):
+    return Limit("global", "adaptive", maximum, period, floor=floor, name=name, shadow=shadow)
+
+
+def test_the_engine_admits_up_to_the_learnt_limit_and_refuses_with_a_retry_after():
+    engine = AdaptiveEngine()
+    limit = _limit(floor=2)  # a new limiter starts at its floor
+    first, second, third = (engine.take([limit], now=0.0)[0] for _ in range(3))
+    assert [d.allowed for d in (first, second, third)] == [True, True, False]
+    assert third.results[0].outcome is Outcome.REJECTED
+    assert third.retry_after == 1
+    assert first.token and second.token and third.token is None
+    engine.release(first, now=0.005)
+    assert engine.take([limit], now=0.005)[0].allowed  # the slot came back
+
+
+def test_release_teaches_the_limit_and_reports_each_sample():
+    samples = []
+    engine = AdaptiveEngine(on_sample=lambda *args: samples.append(args))
+    limit = _limit(maximum=10, floor=1)
+    now = 0.0
+    for _ in range(100):  # one in flight at a time, always at the limit, latency flat
+        decisions = [engine.take([limit], now=now)[0]
+                     for _ in range(engine.limiter(limit).limit)]
+        for decision in decisions:
+            engine.release(decision, now=now + BASE)
+        now += BASE
+    assert engine.limiter(limit).limit == 10
+    assert len(samples) >= 100
+    seen_limit, at, latency, learnt = samples[-1]
+    assert seen_limit == limit and at == pytest.approx(now) and learnt == 10
+    assert latency == pytest.approx(BASE)
+
+
+def test_all_or_nothing_over_two_limits_and_a_refund_teaches_nothing():
+    engine = AdaptiveEngine()
+    wide, narrow = _limit("wide", 5, 5), _limit("narrow", 1, 1)
+    held, _ = engine.take([wide, narrow], now=0.0)
+    refused, receipt = engine.take([wide, narrow], now=0.0)
+    assert not refused.allowed and receipt is None
+    assert [r.outcome for r in refused.results] == [Outcome.SPARED, Outcome.REJECTED]
+    assert engine.limiter(wide).in_flight == 1  # the refused request took nothing
+    engine.release(held, now=0.01)
+    decision, receipt = engine.take([wide, narrow], now=0.02)
+    assert decision.allowed and receipt is not None
+    spared = engine.refund(receipt)  # refused after this engine admitted it
+    assert not spared.allowed
+    assert [r.outcome for r in spared.results] == [Outcome.SPARED, Outcome.SPARED]
+    assert engine.limiter(narrow).in_flight == 0 and engine.in_flight() == 0
+    assert engine.limiter(narrow).short == pytest.approx(0.01)  # only the first taught it
+
+
+def test_a_shadow_limit_refuses_nothing_and_counts_every_request_in_flight(caplog):
+    engine = AdaptiveEngine()
+    limit = _limit(floor=1, shadow=True)
+    decisions = [engine.take([limit], now=0.0)[0] for _ in range(3)]
+    assert all(d.allowed for d in decisions)
+    assert [d.results[0].outcome for d in decisions] == [
+        Outcome.ADMITTED, Outcome.WOULD_REJECT, Outcome.WOULD_REJECT]
+    assert engine.limiter(limit).in_flight == 3
+    with caplog.at_level("INFO", logger="ratelimits"):
+        for decision in decisions:
+            engine.release(decision, now=0.05)
+    assert "'busy' would set (shadow): limit 1 in flight" in caplog.text
+
+
+def test_a_shadow_probe_keeps_the_best_latency_it_cannot_measure_again():
+    limiter = AdaptiveLimiter(maximum=40, floor=1, probe_every=10)
+    limiter.shadow = True
+    now = _serve(limiter, 1, 0.0, BASE)
+    for _ in range(50):  # every request runs: latency of the whole crowd
+        tickets = [limiter.enter(now) for _ in range(40)]
+        for ticket in tickets:
+            limiter.release(ticket, now + 40 * BASE)
+        now += 40 * BASE
+    assert now > 10  # past a probe's time
+    assert limiter.best == pytest.approx(BASE)
+    assert limiter.limit == 1
+
+
+def test_an_edited_policy_keeps_what_was_learnt_within_its_new_bounds():
+    engine = AdaptiveEngine()
+    limiter = engine.limiter(_limit(maximum=50, floor=1))
+    now = 0.0
+    for _ in range(300):
+        now = _serve(limiter, limiter.limit, now, BASE)
+    assert limiter.limit == 50
+    assert engine.limiter(_limit(maximum=20, floor=1)) is limiter
+    assert limiter.limit == 20
+    engine.limiter(_limit(maximum=20, floor=20))
+    assert limiter.limit == 20 and limiter.floor == 20

@@ -11,12 +11,12 @@ import pytest
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine, contract
 from ratelimits.engine.contract import batch_source
 from ratelimits.engine.keys import base_key
-from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
 from tests.engine.conftest import T0
 
 
 def test_names_and_key_codes_are_unique():
-    assert tuple(REGISTRY) == ALGORITHMS
+    assert tuple(REGISTRY) == ALGORITHMS + LEARNED_ALGORITHMS
     codes = [spec.code for spec in REGISTRY.values()]
     assert len(set(codes)) == len(codes)
     assert all(re.fullmatch(r"[a-z]{1,2}", code) for code in codes)
@@ -48,6 +48,17 @@ def test_the_memory_engine_runs_the_entry_functions():
         prepared = engine.prepare(Limit("k", name, 4, 60))
         assert (prepared.check, prepared.commit) == (spec.check, spec.commit)
         assert prepared.needs_token is spec.holds_slots
+
+
+@pytest.mark.parametrize("name", LEARNED_ALGORITHMS)
+def test_a_store_engine_refuses_a_learned_limit_with_a_message(redis_client, name):
+    """A learned limit belongs to the process's `AdaptiveEngine`: a store engine handed
+    one says so, rather than deciding it by a rule it does not have."""
+    limit = Limit("k", name, 4, 60, name="p")
+    assert name not in batch_source()
+    for engine in (RedisEngine(redis_client), MemoryEngine()):
+        with pytest.raises(ValueError, match="learnt in each process"):
+            engine.evaluate([limit], now=T0)
 
 
 @pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if s.windowed])

@@ -226,6 +226,7 @@ class Command(BaseCommand):
                     "algorithm": p.algorithm,
                     "rate": p.human_rate(),
                     "limit": p.limit,
+                    "floor": p.floor,
                     "period": p.period,
                     "burst": p.burst,
                     "cost": p.cost,

@@ -1,0 +1,63 @@
+"""An adaptive policy in front of a service that slows down as it fills up (20 ms per
+request in flight, `bench/closed_loop.py`), under 40 closed-loop clients, on a real ASGI
+server (uvicorn) and a real WSGI server (gunicorn, threaded): the latency stays near the
+unloaded one while the throughput stays near the best fixed limit of a sweep run beside
+it; without a limit, the latency is the whole crowd's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bench.closed_loop import SWEEP, Comparison, compare
+from tests.django.workers import Site
+
+
+def _applier(site: Site, path: str):
+    runs = iter(range(1000))
+
+    def apply(fields):
+        code = ("from ratelimits.models import Policy\n"
+                "Policy.objects.all().delete()\n")
+        if fields is not None:  # a new name: a new limiter, starting from its floor
+            policy = {"name": f"busy-{next(runs)}", "mode": "enforce", "key": "global",
+                      "path": path, "period": 60, **fields}
+            code += f"p = Policy(**{policy!r})\np.full_clean()\np.save()\n"
+        site.run(code)
+        time.sleep(1.5)  # each process reads the policy version at least once a second
+
+    return apply
+
+
+def report(name: str, result: Comparison) -> str:
+    rows = [("unloaded (1 client)", result.unloaded), ("no limit", result.unlimited),
+            *((f"fixed {k}", load) for k, load in result.fixed.items()),
+            ("adaptive", result.adaptive)]
+    return "\n".join([f"{name}: run, admitted/s, p50 ms, p95 ms, refused"] + [
+        f"  {label:20} {load.throughput:7.1f} {1000 * load.p50:7.1f} {1000 * load.p95:8.1f}"
+        f" {load.refused:6d}" for label, load in rows])
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_adaptive_keeps_latency_near_unloaded_and_throughput_near_the_best_fixed(
+    tmp_path, private_redis, kind
+):
+    site = Site(tmp_path, private_redis.url)
+    try:
+        if kind == "asgi":
+            site.start_asgi()
+            path = "/abusy/"
+        else:
+            site.start(1, threads=64)
+            path = "/busy/"
+        result = compare(site.port, path, _applier(site, path), seconds=3.0, sweep=SWEEP)
+    finally:
+        site.stop()
+    print("\n" + report(kind, result))
+    unloaded, adaptive = result.unloaded, result.adaptive
+    _, best = result.best_fixed
+    assert adaptive.p95 <= 3 * unloaded.p50, report(kind, result)
+    assert adaptive.throughput >= 0.8 * best.throughput, report(kind, result)
+    # without a limit the whole crowd queues: far beyond what the adaptive limit allows
+    assert result.unlimited.p95 >= 10 * unloaded.p50, report(kind, result)
