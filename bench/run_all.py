@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (
+    adaptive,
     asgi,
     capacity,
     cluster,
@@ -43,6 +44,7 @@ SECTIONS = {
     "8": overrides.run,
     "9": request_path.run,
     "10": asgi.run,
+    "11": adaptive.run,
 }
 
 
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [n.strip() for n in opts.only.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-10")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-11")
 
     start = time.perf_counter()
     sections = []

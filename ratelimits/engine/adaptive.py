@@ -11,8 +11,10 @@ shows. The rule, an AIMD on latency:
 - `best` is the lowest latency sampled since the last probe (below): the service
   without a queue.
 - While `short` stays within `tolerance × best`, the limit grows by one (smoothed:
-  `smoothing` of a step per sample). Once it exceeds it, the limit is multiplied by
-  `tolerance × best / short` (at least 0.5; smoothed the same way). It stays within
+  `smoothing` of a step per sample), for each sample itself within it too: the mean
+  lags a few samples behind a queue that just formed, and growing meanwhile overshoots.
+  Once `short` exceeds it, the limit is multiplied by `tolerance × best / short` (at
+  least 0.5; smoothed the same way). It stays within
   [`floor`, `maximum`].
 - A sample taken while fewer than half the limit were in flight says nothing about the
   limit: the service was not asked for that much. It may lower the limit, never raise it.
@@ -159,8 +161,10 @@ class AdaptiveLimiter:
         )
         limit = self._estimate
         if self.short <= self.tolerance * self._best:
-            if in_flight < limit / 2:
-                return  # the service was not asked for this much: no evidence to grow
+            if in_flight < limit / 2 or rtt > self.tolerance * self._best:
+                # the service was not asked for this much, or this sample is already
+                # slow (the mean lags it): no evidence to grow
+                return
             target = limit + 1
         else:
             target = limit * max(0.5, self.tolerance * self._best / self.short)

@@ -22,6 +22,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from ratelimits.engine.cluster import _UNAVAILABLE as CLUSTER_UNAVAILABLE
 from ratelimits.engine.contract import lease_source
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.functions import loaded_mode, next_step
@@ -29,9 +30,10 @@ from ratelimits.engine.keys import base_key
 from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease
 from ratelimits.engine.live import live_source
 from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, RedisEngine, admit, failed
+from ratelimits.engine.steps import adrive
 from ratelimits.engine.types import Decision, Limit
 
-__all__ = ["AsyncRedisEngine"]
+__all__ = ["AsyncClusterEngine", "AsyncRedisEngine"]
 
 
 class AsyncRedisEngine:
@@ -190,6 +192,155 @@ class AsyncRedisEngine:
             await pipe.execute()
         except UNAVAILABLE_ERRORS as exc:
             raise EngineUnavailable(str(exc)) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for what this class lacks: the twin's methods off the request path
+        if name == "twin":
+            raise AttributeError(name)
+        return getattr(self.twin, name)
+
+
+class AsyncClusterEngine:
+    """`evaluate`, `release` and `read_version` of a `ClusterEngine` (its twin), awaited.
+
+    The decision is the twin's own steps (`ClusterEngine.deciding`: the same calls, the
+    same cross-slot refunds, the same heartbeat and tally); each fan-out they ask for is
+    written to every node's `redis.asyncio` connection at once and read back on the event
+    loop. What a cluster answers only while it changes (a redirect during a failover or a
+    reshard, a script a restarted node lost, a node out of reach) is settled by the
+    twin's rules (`ClusterEngine.settle`) in a worker thread, as is reading the slot map
+    again and taking leases. `connect(node_client)` opens a `redis.asyncio.Redis` on the
+    server of a node's blocking client; it is called once per node and event loop.
+    """
+
+    def __init__(self, twin: Any, connect: Callable[[Any], redis.asyncio.Redis]) -> None:
+        self.twin = twin
+        self._connect = connect
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def node_client(self, node: Any) -> Any:
+        """This event loop's client of `node` (opened on first use in the loop)."""
+        loop = asyncio.get_running_loop()
+        clients = self._clients.get(loop)
+        if clients is None:
+            clients = self._clients[loop] = {}
+        client = clients.get(node.name)
+        if client is None:
+            client = clients[node.name] = self._connect(node.redis_connection)
+        return client
+
+    async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """Check every limit and charge them all only if every enforced one admits,
+        across slots (see `ClusterEngine.evaluate`)."""
+        twin = self.twin
+        if not limits and not twin.version_key:
+            return Decision(allowed=True, results=())
+        decision: Decision = await self._breaking(adrive(twin.deciding(limits, now),
+                                                         self.perform))
+        return decision
+
+    async def read_version(self, now: float | None = None) -> int:
+        """The policy version alone: one GET (a heartbeat beside it when one is due)."""
+        if not self.twin.version_key:
+            raise EngineError("this engine was built without a version_key")
+        raw = await self._breaking(adrive(self.twin.reading_version(now), self.perform))
+        return int(raw) if raw is not None else 0
+
+    async def perform(self, need: Any) -> dict[int, Any]:
+        """One fan-out of the steps (`cluster.Fanout`): every node's calls pipelined on
+        its connection, the nodes at once."""
+        twin = self.twin
+        if twin._stale:  # a node failed: the slot map is read again first (rare)
+            await asyncio.to_thread(twin._refresh)
+        jobs, sent_to = twin.route(need.calls)
+        replies = await self._exchange(jobs, need.calls)
+        if any(isinstance(reply, Exception) for reply in replies.values()):
+            return await asyncio.to_thread(twin.settle, replies, need.calls, sent_to,
+                                           need.reached)
+        return replies
+
+    async def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, Any]
+                        ) -> dict[int, Any]:
+        """Every node's calls in one pipeline, the nodes at once; errors are values (a
+        node's failure for each of its slots), as `ClusterEngine._exchange` has them."""
+
+        async def node_calls(node: Any, slots: list[int]) -> list[tuple[int, Any]]:
+            pipe = self.node_client(node).pipeline(transaction=False)
+            for slot in slots:
+                call = calls[slot]
+                if call.script is None:
+                    pipe.execute_command("GET", call.keys[0])
+                else:
+                    pipe.execute_command("EVALSHA", call.script.sha, len(call.keys),
+                                         *call.keys, *call.args)
+            try:
+                return list(zip(slots, await pipe.execute(raise_on_error=False),
+                                strict=True))
+            except CLUSTER_UNAVAILABLE as exc:
+                return [(slot, exc) for slot in slots]
+            except redis.RedisError as exc:
+                raise EngineError(str(exc)) from exc
+
+        replies: dict[int, Any] = {}
+        for pairs in await asyncio.gather(*(node_calls(node, slots) for node, slots in jobs)):
+            replies.update(pairs)
+        return replies
+
+    async def _breaking(self, run: Any) -> Any:
+        """Await `run` behind the twin's circuit breaker: it fails fast while the breaker
+        is open, and each EngineError counts as a failure."""
+        breaker = self.twin.breaker
+        try:
+            admit(breaker)
+        except EngineUnavailable:
+            run.close()  # never awaited: no warning about it
+            raise
+        try:
+            result = await run
+        except EngineError:
+            if breaker is not None:
+                breaker.failure()
+            raise
+        if breaker is not None:
+            breaker.success()
+        return result
+
+    async def release(self, decision: Decision) -> None:
+        """Free the concurrency slots an admitted decision holds: each node's in one
+        pipeline, the nodes at once; through the twin, in a thread, when a node redirects
+        or fails (a slot not freed expires after its period)."""
+        twin = self.twin
+        if decision.token is None or (twin.breaker and twin.breaker.state != "closed"):
+            return
+        client = twin.client
+        by_node: dict[str, tuple[Any, list[tuple[str, list[str]]]]] = {}
+        for limit, members in decision.holding():
+            key = base_key(twin.prefix, limit)
+            node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
+            by_node.setdefault(node.name, (node, []))[1].append((key, members))
+
+        async def node_release(node: Any, held: list[tuple[str, list[str]]]) -> bool:
+            pipe = self.node_client(node).pipeline(transaction=False)
+            for key, members in held:
+                pipe.zrem(key, *members)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except redis.RedisError:
+                return False
+            return not any(isinstance(reply, Exception) for reply in replies)
+
+        done = await asyncio.gather(*(node_release(node, held)
+                                      for node, held in by_node.values()))
+        if not all(done):
+            await asyncio.to_thread(twin.release, decision)
+
+    async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
+                    back: Sequence[Leftover] = ()) -> list[Grant]:
+        """The twin's `lease()`, in a worker thread (one call per `batch` requests)."""
+        grants: list[Grant] = await asyncio.to_thread(self.twin.lease, limits, now, back=back)
+        return grants
 
     def __getattr__(self, name: str) -> Any:
         # only called for what this class lacks: the twin's methods off the request path

@@ -60,6 +60,7 @@ from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease,
 from ratelimits.engine.live import Heartbeat, live_source
 from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.steps import Steps, drive
 from ratelimits.engine.tally import FLUSH_EVERY, Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 
@@ -103,6 +104,17 @@ def cluster_offenders_key(prefix: str, name: str, hour: int) -> str:
 
 def cluster_offender_errors_key(prefix: str, name: str, hour: int) -> str:
     return f"{cluster_offenders_key(prefix, name, hour)}:e"
+
+
+class Fanout:
+    """A step's need: run `calls` (slot -> call), each node's in one pipeline, the
+    nodes at once; with `reached`, the replies of a fan-out that failed are left there."""
+
+    __slots__ = ("calls", "reached")
+
+    def __init__(self, calls: dict[int, _Call], reached: dict[int, Any] | None = None
+                 ) -> None:
+        self.calls, self.reached = calls, reached
 
 
 class _Call:
@@ -183,6 +195,12 @@ class ClusterEngine(Acquiring):
         return decision
 
     def _evaluate(self, limits: Sequence[Limit], now: float | None) -> Decision:
+        decision: Decision = drive(self.deciding(limits, now), self.perform)
+        return decision
+
+    def deciding(self, limits: Sequence[Limit], now: float | None) -> Steps[Decision]:
+        """The decision as steps that yield each fan-out they need (`Fanout`): this
+        engine runs them with `perform`, the asyncio twin (`engine.aio`) awaits them."""
         token = ""
         groups: dict[int, list[int]] = {}  # slot -> indexes of its limits
         keyslot = self.client.keyslot
@@ -201,14 +219,14 @@ class ClusterEngine(Acquiring):
             calls[version_slot] = _Call(None, [self.version_key], [])
         reached: dict[int, Any] = {}
         try:
-            replies = self._fanout_beating(calls, now, reached)
+            replies = yield from self._beating(calls, now, reached)
         except EngineUnavailable:
-            self._refund_reached(limits, groups, reached, token)
+            yield from self._refund_reached(limits, groups, reached, token)
             raise
         raw, undo, now_us = self._collect(limits, groups, replies)
         admitted = len(undo) == len(groups)
         if not admitted and undo:
-            self._refund_slots(limits, groups, undo, token, raw)
+            yield from self._refund_slots(limits, groups, undo, token, raw)
         version = None
         if self.version_key:
             v = replies[version_slot]
@@ -218,6 +236,10 @@ class ClusterEngine(Acquiring):
         if self.stats and now_us is not None:
             self.tally.add(decision, now_us)
         return decision
+
+    def perform(self, need: Fanout) -> dict[int, Any]:
+        """Run one fan-out the steps asked for, in this thread."""
+        return self._fanout(need.calls, need.reached)
 
     @staticmethod
     def _collect(limits: Sequence[Limit], groups: dict[int, list[int]],
@@ -241,7 +263,7 @@ class ClusterEngine(Acquiring):
         return raw, undo, now_us
 
     def _refund_reached(self, limits: Sequence[Limit], groups: dict[int, list[int]],
-                        replies: dict[int, Any], token: str) -> None:
+                        replies: dict[int, Any], token: str) -> Steps[None]:
         """A node was out of reach: the request is undecided, so the slots that charged
         on the nodes reached give it back (best effort: the caller fails either way)."""
         undo = {slot: reply for slot, reply in replies.items()
@@ -250,10 +272,11 @@ class ClusterEngine(Acquiring):
             return
         raw: list[Any] = [0] * (FIELDS * len(limits))
         with contextlib.suppress(EngineError):  # what stays charged expires by itself
-            self._refund_slots(limits, groups, undo, token, raw)
+            yield from self._refund_slots(limits, groups, undo, token, raw)
 
     def _refund_slots(self, limits: Sequence[Limit], groups: dict[int, list[int]],
-                      undo: dict[int, list[Any]], token: str, raw: list[Any]) -> None:
+                      undo: dict[int, list[Any]], token: str, raw: list[Any]
+                      ) -> Steps[None]:
         """Give back what the admitting slots charged, at the time they charged; their
         limits' outcomes become SPARED, with the units they took counted as remaining."""
         calls: dict[int, _Call] = {}
@@ -277,7 +300,7 @@ class ClusterEngine(Acquiring):
                 charged = [limits[i] for i in groups[slot]]
                 calls[slot] = _Call(self._refund, keys, args,
                                     _windows(self.prefix, charged, int(reply[1]) / US))
-        self._fanout(calls)
+        yield Fanout(calls)
 
     # -- the version and the heartbeat ------------------------------------------------
 
@@ -295,8 +318,7 @@ class ClusterEngine(Acquiring):
         if breaker is not None and not breaker.allow():
             raise EngineUnavailable("circuit open after repeated store failures")
         try:
-            raw = self._fanout_beating({_VERSION: _Call(None, [self.version_key], [])},
-                                       now)[_VERSION]
+            raw = drive(self.reading_version(now), self.perform)
         except EngineError:
             if breaker is not None:
                 breaker.failure()
@@ -305,15 +327,22 @@ class ClusterEngine(Acquiring):
             breaker.success()
         return int(raw) if raw is not None else 0
 
-    def _fanout_beating(self, calls: dict[int, _Call], now: float | None,
-                        reached: dict[int, Any] | None = None) -> dict[int, Any]:
-        """`_fanout(calls)`, with the heartbeat's call among them when one is due."""
+    def reading_version(self, now: float | None) -> Steps[Any]:
+        """The version's GET as steps (see `deciding`); the raw value."""
+        key = self.version_key or ""  # read_version() made sure there is one
+        replies = yield from self._beating({_VERSION: _Call(None, [key], [])}, now)
+        return replies[_VERSION]
+
+    def _beating(self, calls: dict[int, _Call], now: float | None,
+                 reached: dict[int, Any] | None = None) -> Steps[dict[int, Any]]:
+        """The fan-out of `calls`, with the heartbeat's call among them when one is due."""
         beat = self.heartbeat
         if beat is None or not beat.due():
-            return self._fanout(calls, reached)
+            alone: dict[int, Any] = yield Fanout(calls, reached)
+            return alone
         calls[_LIVE] = _Call(self._live, [beat.key], beat.args(now))
         try:
-            replies = self._fanout(calls, reached)
+            replies: dict[int, Any] = yield Fanout(calls, reached)
         except EngineError:
             beat.missed()
             raise
@@ -333,6 +362,17 @@ class ClusterEngine(Acquiring):
         nodes' replies were read: with `reached`, they are left there for the caller."""
         if self._stale:
             self._refresh()
+        jobs, sent_to = self.route(calls)
+        try:
+            replies = self._exchange(jobs, calls)
+        except redis.RedisError as exc:
+            raise EngineError(str(exc)) from exc
+        return self.settle(replies, calls, sent_to, reached)
+
+    def route(self, calls: dict[int, _Call]
+              ) -> tuple[list[tuple[Any, list[int]]], dict[int, Any]]:
+        """Per node, the slots of `calls` it serves (by the client's slot map: no I/O),
+        and each slot's node."""
         by_node: dict[str, tuple[Any, list[int]]] = {}
         sent_to: dict[int, Any] = {}
         get_node = self.client.nodes_manager.get_node_from_slot
@@ -340,9 +380,16 @@ class ClusterEngine(Acquiring):
             node = sent_to[slot] = get_node(slot if slot >= 0 else
                                             self.client.keyslot(call.keys[0]))
             by_node.setdefault(node.name, (node, []))[1].append(slot)
+        return list(by_node.values()), sent_to
+
+    def settle(self, replies: dict[int, Any], calls: dict[int, _Call],
+               sent_to: dict[int, Any], reached: dict[int, Any] | None = None
+               ) -> dict[int, Any]:
+        """The final replies of a fan-out whose first replies (errors as values) are
+        `replies`: the calls redirected or whose script was missing sent again; a node
+        out of reach fails the whole call, after the others' replies were read."""
         failed: Exception | None = None
         try:
-            replies = self._exchange(list(by_node.values()), calls)
             self._load_missing(replies, calls, sent_to)
             for slot, reply in replies.items():
                 try:

@@ -156,8 +156,9 @@ class Frontline(Acquiring):
         #: this process's leases of the limits with a `batch` (see `lease`)
         self.leases = lease.Leases()
 
-    #: The store engine's asyncio twin (`engine.aio.AsyncRedisEngine`), when the app
-    #: built one: `aevaluate()` then awaits the store on the event loop.
+    #: The store engine's asyncio twin (`engine.aio.AsyncRedisEngine`, or
+    #: `AsyncClusterEngine`), when the app built one: `aevaluate()` then awaits the store
+    #: on the event loop.
     aio: Any = None
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:

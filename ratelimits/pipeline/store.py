@@ -110,8 +110,10 @@ def limiter_client(client: Any, socket_timeout: float, connect_timeout: float) -
     return redis.Redis(connection_pool=new_pool)
 
 
-#: Connection settings whose value is a blocking client's own class or object.
-_SYNC_ONLY = ("retry", "parser_class")
+#: Connection settings whose value is a blocking client's own class or object (a cluster
+#: node's client has its cluster's on-connect hook, which sends READONLY to replicas:
+#: the asyncio twin writes to primaries only).
+_SYNC_ONLY = ("retry", "parser_class", "redis_connect_func")
 
 
 def async_twin_client(client: Any) -> Any:
@@ -232,9 +234,13 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
                 "(ratelimits.engine.cluster is missing): upgrade ratelimits, or point "
                 "REDIS_URL at one server (redis://, rediss://, unix://)."
             ) from None
-        return Frontline(
-            cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]), **shared)
-        )
+        from ratelimits.engine.aio import AsyncClusterEngine
+
+        engine = cluster.ClusterEngine(_reach_cluster(url, timeouts, shared["breaker"]),
+                                       **shared)
+        frontline = Frontline(engine)
+        frontline.aio = AsyncClusterEngine(engine, async_twin_client)
+        return frontline
     if url is not None:
         return _with_async_twin(url_client(url, *timeouts), shared)
     alias = config["CACHE"]

@@ -6,28 +6,10 @@ it; without a limit, the latency is the whole crowd's."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from bench.closed_loop import SWEEP, Comparison, compare
 from tests.django.workers import Site
-
-
-def _applier(site: Site, path: str):
-    runs = iter(range(1000))
-
-    def apply(fields):
-        code = ("from ratelimits.models import Policy\n"
-                "Policy.objects.all().delete()\n")
-        if fields is not None:  # a new name: a new limiter, starting from its floor
-            policy = {"name": f"busy-{next(runs)}", "mode": "enforce", "key": "global",
-                      "path": path, "period": 60, **fields}
-            code += f"p = Policy(**{policy!r})\np.full_clean()\np.save()\n"
-        site.run(code)
-        time.sleep(1.5)  # each process reads the policy version at least once a second
-
-    return apply
 
 
 def report(name: str, result: Comparison) -> str:
@@ -51,7 +33,7 @@ def test_adaptive_keeps_latency_near_unloaded_and_throughput_near_the_best_fixed
         else:
             site.start(1, threads=64)
             path = "/busy/"
-        result = compare(site.port, path, _applier(site, path), seconds=3.0, sweep=SWEEP)
+        result = compare(site.port, path, site.only_policy_on(path), seconds=3.0, sweep=SWEEP)
     finally:
         site.stop()
     print("\n" + report(kind, result))

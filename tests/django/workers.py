@@ -8,14 +8,17 @@ names the worker's pid (tests/django/workers_settings.py).
 from __future__ import annotations
 
 import http.client
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -48,6 +51,23 @@ class Site:
     def policy(self, **fields: object) -> None:
         self.run("from ratelimits.models import Policy\n"
                  f"p = Policy(**{fields!r})\np.full_clean()\np.save()")
+
+    def only_policy_on(self, path: str) -> Callable[[dict[str, Any] | None], None]:
+        """A function that replaces every policy with one of the given fields on `path`
+        (None: no policy), under a new name each time (a new adaptive limiter, starting
+        from its floor), and returns once every process applies it."""
+        runs = itertools.count()
+
+        def apply(fields: dict[str, Any] | None) -> None:
+            code = "from ratelimits.models import Policy\nPolicy.objects.all().delete()\n"
+            if fields is not None:
+                policy = {"name": f"only-{next(runs)}", "mode": "enforce", "key": "global",
+                          "path": path, "period": 60, **fields}
+                code += f"p = Policy(**{policy!r})\np.full_clean()\np.save()\n"
+            self.run(code)
+            time.sleep(1.5)  # each process reads the policy version at least once a second
+
+        return apply
 
     def start(self, workers: int, threads: int = 1) -> None:
         """`gunicorn -w workers`; with `threads` > 1, each worker serves that many
