@@ -3,7 +3,7 @@
     .venv/bin/python bench/adaptive.py [--quick]
 
 The runs of tests/django/test_adaptive_servers.py, longer and written down: the service
-of `bench/closed_loop.py` (20 ms per request in flight) under 40 closed-loop clients that
+of `bench/closed_loop.py` (50 ms per request in flight) under 40 closed-loop clients that
 honour Retry-After, on one uvicorn process (an async view) and on one gunicorn process
 with 64 threads (a blocking view), each with a private SQLite database and the run's
 Redis. Per server: one client alone (the unloaded latency), 40 without a limit, 40 under
@@ -66,7 +66,8 @@ def run(quick: bool = False) -> Section:
     common.flush(common.OURS_DB)
     section.add(
         f"A service taking {1000 * UNIT:g} ms per request in flight (`bench/closed_loop.py`), "
-        "40 closed-loop clients that honour `Retry-After` (at most 1 s), "
+        "40 closed-loop clients that wait about `Retry-After` when refused (at most 1 s, "
+        "jittered by ±50%), "
         f"{seconds:g} s measured after 1 s of warm-up (3 s for the adaptive run), counted "
         "by the time each request ended. uvicorn: one process, an async view; gunicorn: "
         "one process, `-k gthread --threads 64`, a blocking view. A fixed limit k is an "

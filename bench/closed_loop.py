@@ -1,15 +1,16 @@
 """A service that slows down as it fills up, and closed-loop clients to load it.
 
 The service (`busy`, and `abusy` for ASGI) takes `UNIT` seconds per request in flight in
-its process when it starts: 20 ms alone, 800 ms among 40 (`CLOSED_LOOP_UNIT` in the
+its process when it starts: 50 ms alone, 2 s among 40 (`CLOSED_LOOP_UNIT` in the
 server's environment sets another). Its throughput is about the same whatever the
 concurrency (1 / UNIT a second); only the latency grows with the queue. That is the
 case an adaptive limit is for: admit what the service turns around at its best latency,
 refuse the rest at once.
 
 `load()` runs `clients` threads, each sending its next request as soon as the last
-answered (a closed loop, as browsers and API clients do); a refused client waits for
-the response's Retry-After (at most `MAX_BACKOFF`), as a well-behaved client does.
+answered (a closed loop, as browsers and API clients do); a refused client waits about
+the response's Retry-After (at most `MAX_BACKOFF`), jittered by ±50% as a well-behaved
+client does, so that clients refused together do not all come back together.
 Only requests that start after `warmup` count.
 """
 
@@ -19,16 +20,18 @@ import asyncio
 import http.client
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: The service's latency per request in flight (seconds). Well above what Django itself
-#: takes per request (2-4 ms on a small VM), so that the service's own latency, not the
-#: framework's, is what the limit learns from.
-UNIT = float(os.environ.get("CLOSED_LOOP_UNIT", "0.020"))
+#: The service's latency per request in flight (seconds). Far above what Django itself
+#: takes per request (2-5 ms on a small VM), as for a service worth limiting (database
+#: queries, calls upstream): its own latency, not the framework's, is what the limit
+#: learns from.
+UNIT = float(os.environ.get("CLOSED_LOOP_UNIT", "0.050"))
 #: A refused client waits for Retry-After, but at most this long (seconds).
 MAX_BACKOFF = 1.0
 
@@ -114,7 +117,8 @@ def load(port: int, path: str, clients: int, seconds: float, *, warmup: float = 
     records: list[tuple[int, float]] = []  # (status, latency) of requests ended in span
     guard = threading.Lock()
 
-    def client() -> None:
+    def client(seed: int) -> None:
+        jitter = random.Random(seed)
         conn = http.client.HTTPConnection(host, port, timeout=30)
         mine: list[tuple[int, float]] = []
         try:
@@ -130,13 +134,15 @@ def load(port: int, path: str, clients: int, seconds: float, *, warmup: float = 
                 if start <= ended <= end:
                     mine.append((response.status, ended - sent))
                 if response.status != 200:
-                    time.sleep(min(MAX_BACKOFF, _retry_after(response)))
+                    wait = min(MAX_BACKOFF, _retry_after(response))
+                    time.sleep(wait * jitter.uniform(0.5, 1.5))
         finally:
             conn.close()
             with guard:
                 records.extend(mine)
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(i,), daemon=True)
+               for i in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -16,6 +16,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,7 @@ def test_the_demo_page_claims_no_limit_that_no_policy_sets(demo_env):
         print("page", " ".join(c.get("/").content.decode().split()))
         slow = [c.get("/slow/") for _ in range(10)]
         print("slow", {r.status_code for r in slow}, any("RateLimit" in r for r in slow))
+        print("busy", c.get("/busy/").status_code)
     """)
     out = run(["-c", script], {**demo_env, "DJANGO_ALLOWED_HOSTS": "testserver"})
     assert out.returncode == 0, out.stderr
@@ -176,6 +178,9 @@ def test_the_demo_page_claims_no_limit_that_no_policy_sets(demo_env):
     assert "No policy matches it" in slow_item  # ...and the page says so
     assert "limited" not in slow_item
     assert "http://testserver/hello/" in lines["page"]  # the shell example uses the real host
+    assert lines["busy"] == "200"  # alone, always within the learnt limit
+    busy_item = lines["page"].split('href="/busy/"', 1)[1].split("</li>", 1)[0]
+    assert "busy-adaptive" in busy_item
 
 
 def free_port() -> int:
@@ -222,6 +227,12 @@ def test_make_demo_serves_on_the_port_it_is_given(tmp_path):
         assert [first, *rest] == [200] * 5 + [429]
         assert f"Admin: http://127.0.0.1:{port}/admin/" in log.read_text()
         assert get_status(f"http://127.0.0.1:{port}/admin/login/") == 200
+        # 20 clients at once on /busy/: the adaptive policy, starting at its floor of
+        # 1, lets few run and answers the others 503 at once instead of queueing them
+        with ThreadPoolExecutor(20) as pool:
+            busy = list(pool.map(lambda _: get_status(f"http://127.0.0.1:{port}/busy/"),
+                                 range(20)))
+        assert set(busy) == {200, 503} and busy.count(503) >= 10, busy
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

@@ -36,6 +36,27 @@ from ratelimits.engine.types import Decision, Limit
 __all__ = ["AsyncClusterEngine", "AsyncRedisEngine"]
 
 
+async def _breaking(breaker: Any, call: Any) -> Any:
+    """Await `call` behind `breaker`: it fails fast while the breaker is open; a redis
+    error becomes an engine error; each engine error counts as a failure."""
+    try:
+        admit(breaker)
+    except EngineUnavailable:
+        call.close()  # never awaited: no warning about it
+        raise
+    try:
+        reply = await call
+    except redis.RedisError as exc:
+        raise failed(exc, breaker) from exc
+    except EngineError:
+        if breaker is not None:
+            breaker.failure()
+        raise
+    if breaker is not None:
+        breaker.success()
+    return reply
+
+
 class AsyncRedisEngine:
     """`evaluate`, `release` and `read_version` of `twin`, awaited on `redis.asyncio`.
 
@@ -142,19 +163,7 @@ class AsyncRedisEngine:
 
     async def _guarded(self, call: Any) -> Any:
         """Await `call` behind the twin's circuit breaker, its failures as engine errors."""
-        breaker = self.twin.breaker
-        try:
-            admit(breaker)
-        except EngineUnavailable:
-            call.close()  # never awaited: no warning about it
-            raise
-        try:
-            reply = await call
-        except redis.RedisError as exc:
-            raise failed(exc, breaker) from exc
-        if breaker is not None:
-            breaker.success()
-        return reply
+        return await _breaking(self.twin.breaker, call)
 
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
@@ -237,15 +246,16 @@ class AsyncClusterEngine:
         twin = self.twin
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
-        decision: Decision = await self._breaking(adrive(twin.deciding(limits, now),
-                                                         self.perform))
+        decision: Decision = await _breaking(twin.breaker, adrive(twin.deciding(limits, now),
+                                                                  self.perform))
         return decision
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET (a heartbeat beside it when one is due)."""
         if not self.twin.version_key:
             raise EngineError("this engine was built without a version_key")
-        raw = await self._breaking(adrive(self.twin.reading_version(now), self.perform))
+        raw = await _breaking(self.twin.breaker,
+                              adrive(self.twin.reading_version(now), self.perform))
         return int(raw) if raw is not None else 0
 
     async def perform(self, need: Any) -> dict[int, Any]:
@@ -287,25 +297,6 @@ class AsyncClusterEngine:
         for pairs in await asyncio.gather(*(node_calls(node, slots) for node, slots in jobs)):
             replies.update(pairs)
         return replies
-
-    async def _breaking(self, run: Any) -> Any:
-        """Await `run` behind the twin's circuit breaker: it fails fast while the breaker
-        is open, and each EngineError counts as a failure."""
-        breaker = self.twin.breaker
-        try:
-            admit(breaker)
-        except EngineUnavailable:
-            run.close()  # never awaited: no warning about it
-            raise
-        try:
-            result = await run
-        except EngineError:
-            if breaker is not None:
-                breaker.failure()
-            raise
-        if breaker is not None:
-            breaker.success()
-        return result
 
     async def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds: each node's in one

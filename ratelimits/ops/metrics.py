@@ -88,9 +88,12 @@ class Recorder:
         child = self._backends.get(kind)
         if child is None:
             from ratelimits.engine import MemoryEngine
+            from ratelimits.engine.adaptive import AdaptiveEngine
 
-            # one server or a cluster (ClusterEngine): both are Redis round trips
-            backend = "memory" if issubclass(kind, MemoryEngine) else "redis"
+            # one server or a cluster (ClusterEngine): both are Redis round trips; the
+            # in-process engines (adaptive policies' too) answer without one
+            in_process = issubclass(kind, (MemoryEngine, AdaptiveEngine))
+            backend = "memory" if in_process else "redis"
             child = self._backends[kind] = self.engine_seconds.labels(backend)
         return child
 

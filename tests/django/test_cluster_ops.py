@@ -394,3 +394,36 @@ def test_metrics_count_each_outcome_on_the_cluster_as_on_one_server(
     # the engine calls are timed as Redis calls (the scrapes themselves are exempt)
     assert engine_calls(after, "redis") - engine_calls(before, "redis") == 3
     assert engine_calls(after, "memory") == engine_calls(before, "memory")
+
+
+def test_async_requests_are_decided_on_the_event_loop_on_the_cluster(
+    on_cluster, async_client, make_policy, monkeypatch
+):
+    """Under ASGI on a cluster URL the app awaits the cluster's asyncio twin: the same
+    answers as the blocking path, decided on the loop's own thread."""
+    import threading
+
+    from asgiref.sync import async_to_sync
+
+    from ratelimits.engine.aio import AsyncClusterEngine
+
+    make_policy(name="edge", limit=2, path="/async/")
+    decided_on = []
+    evaluate = AsyncClusterEngine.evaluate
+
+    async def watched(self, limits, now=None):
+        decided_on.append(threading.get_ident())
+        return await evaluate(self, limits, now)
+
+    monkeypatch.setattr(AsyncClusterEngine, "evaluate", watched)
+
+    async def three():
+        loop_thread = threading.get_ident()
+        statuses = [(await async_client.get("/async/")).status_code for _ in range(3)]
+        return loop_thread, statuses
+
+    loop_thread, statuses = async_to_sync(three)()
+    assert statuses == [200, 200, 429]
+    assert isinstance(get_engine().aio, AsyncClusterEngine)
+    assert decided_on and set(decided_on) == {loop_thread}
+    assert observe.last_hour(["edge"])["edge"] == observe.Counts(admitted=2, rejected=1)

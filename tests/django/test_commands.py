@@ -68,6 +68,23 @@ def test_status_shows_each_policy_with_its_last_hour(client, make_policy):
     assert {(p["max_wait"], p["warmup"]) for p in data["policies"]} == {(0, 0)}
 
 
+def test_status_gives_an_adaptive_policys_learnt_limit_and_latency(client, make_policy):
+    make_policy(name="busy", algorithm="adaptive", limit=8, floor=2, key="global",
+                path="/hello/")
+    make_policy(name="hello-ip", limit=100, path="/hello/")
+    for _ in range(3):
+        assert client.get("/hello/").status_code == 200
+    data = json.loads(run("status", "--json"))
+    rows = {p["name"]: p for p in data["policies"]}
+    busy = rows["busy"]
+    assert (busy["algorithm"], busy["floor"], busy["rate"]) == (
+        "adaptive", 2, "2 to 8 at a time, learnt")
+    assert busy["last_hour"]["admitted"] == 3
+    assert 2 <= busy["last_hour"]["mean_limit"] <= 8
+    assert 0 < busy["last_hour"]["latency_ms"] < 5_000
+    assert rows["hello-ip"]["last_hour"]["mean_limit"] is None  # no samples: a rate
+
+
 # -- reset ------------------------------------------------------------------------------
 
 

@@ -110,6 +110,22 @@ def test_shadow_policy_alone_counts_would_reject_and_admits(client, make_policy,
     assert outcomes(scrape(client), name) == counts(admitted=2, would_reject=3)
 
 
+def test_an_adaptive_policy_is_counted_as_decided_in_process(client, make_policy, settings):
+    enable(settings)
+    name = unique("busy")
+    make_policy(name=name, algorithm="adaptive", limit=4, floor=1, key="global",
+                path="/stream/")
+    before = scrape(client)
+    running = client.get("/stream/")  # in flight until closed: the learnt limit is 1
+    refused = client.get("/stream/")
+    running.close()
+    assert (running.status_code, refused.status_code) == (200, 503)
+    after = scrape(client)
+    assert outcomes(after, name) == counts(admitted=1, rejected=1)
+    assert engine_calls(after, "memory") - engine_calls(before, "memory") == 2
+    assert engine_calls(after, "redis") == engine_calls(before, "redis")
+
+
 def test_latency_buckets_span_sub_millisecond_to_100_ms(client, make_policy, settings):
     enable(settings)
     make_policy(name=unique("any"), path="/hello/")

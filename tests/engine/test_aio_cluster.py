@@ -7,21 +7,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 import redis
 import redis.cluster
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit
+from ratelimits.engine import EngineUnavailable, Limit
 from ratelimits.engine.aio import AsyncClusterEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
-from ratelimits.engine.registry import REGISTRY
 from ratelimits.pipeline.store import async_twin_client
 from tests.engine.conftest import T0
+from tests.engine.test_aio import _limit, requests
 from tests.engine.test_cluster_faults import TIMEOUT, _client, _port
 from tests.redis_cluster import RedisCluster
 
@@ -49,25 +47,6 @@ def twins(client, **kwargs) -> tuple[ClusterEngine, AsyncClusterEngine]:
     blocking = ClusterEngine(client, prefix="sync:", version_key="sync:v", **kwargs)
     twin = ClusterEngine(client, prefix="async:", version_key="async:v", **kwargs)
     return blocking, AsyncClusterEngine(twin, async_twin_client)
-
-
-def _limit(algorithm, who, limit, period, burst, cost, shadow):
-    spec = REGISTRY[algorithm]
-    base = Limit(f"c{who}", algorithm, limit, period,
-                 burst=burst if spec.has_burst else None, shadow=shadow, name=algorithm)
-    return replace(base, cost=min(cost, base.capacity))
-
-
-requests = st.lists(
-    st.tuples(
-        st.lists(st.tuples(st.sampled_from(ALGORITHMS), st.integers(0, 3), st.integers(1, 4),
-                           st.sampled_from([1, 60]), st.none() | st.integers(1, 5),
-                           st.integers(1, 2), st.booleans()),
-                 min_size=1, max_size=4, unique_by=lambda t: (t[0], t[1])),
-        st.integers(0, 2_000_000),  # µs since the previous request
-    ),
-    min_size=1, max_size=15,
-)
 
 
 @settings(max_examples=25, deadline=None,

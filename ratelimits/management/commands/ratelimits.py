@@ -244,6 +244,9 @@ class Command(BaseCommand):
                         "would_reject": c.would_reject,
                         "spared": c.spared,
                         "refused_share": c.refused_share,
+                        # an adaptive policy's samples: the mean limit and latency
+                        "mean_limit": c.mean_limit,
+                        "latency_ms": c.latency_ms,
                     },
                 }
             )
