@@ -32,9 +32,9 @@ SERIES = (
     Series("would reject (shadow)", "would_reject", "2 3", "triangle", "#8a5a00"),
 )
 #: An adaptive policy's figures: the limit its processes learnt, the latency it saw.
-LIMIT_SERIES = (Series("limit learnt (mean per process)", "mean_limit", "", "circle",
-                       "#1f4e79", sums=False),)
-LATENCY_SERIES = (Series("latency, ms (mean)", "latency_ms", "8 4", "square", "#8a5a00",
+LIMIT_SERIES = (Series("limit learnt, per process", "mean_limit", "", "circle", "#1f4e79",
+                       sums=False),)
+LATENCY_SERIES = (Series("latency, ms", "latency_ms", "8 4", "square", "#8a5a00",
                          sums=False),)
 
 
@@ -100,7 +100,7 @@ def line_chart(
     ]
     for frac in (0.0, 0.5, 1.0):
         value = top_value * frac
-        yy = y(int(value)) if frac < 1 else top
+        yy = y(value)
         parts.append(
             f'<line x1="{left}" y1="{yy:.1f}" x2="{left + plot_w}" y2="{yy:.1f}" '
             'stroke="#ddd" stroke-width="1"/>'

@@ -117,6 +117,44 @@ def test_observe_in_shadow_then_enforce_from_the_admin(
 
 
 @pytest.mark.slow
+def test_an_adaptive_policy_from_the_form_to_its_charts(
+    live_server, browser_page, shots, django_user_model
+):
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    page, base = browser_page, live_server.url
+    log_in(page, base)
+
+    page.goto(f"{base}/admin/ratelimits/policy/add/")
+    page.fill("#id_name", "hello-adaptive")
+    page.select_option("#id_mode", "enforce")
+    page.select_option("#id_algorithm", "adaptive")
+    page.fill("#id_limit", "16")
+    page.fill("#id_floor", "20")  # above the limit: refused, with what to fix
+    page.fill("#id_key", "ip")  # per client: refused too
+    page.fill("#id_path", "/hello/")
+    page.click("input[name=_save]")
+    page.locator(".errornote").wait_for()  # the form again, with what to fix
+    errors = page.locator(".errorlist").all_inner_texts()
+    assert any("set the key to global" in e for e in errors), errors
+    assert any("Floor must be an integer from 1 to the limit (16)" in e for e in errors), errors
+    page.fill("#id_floor", "2")
+    page.fill("#id_key", "global")
+    page.click("input[name=_save]")
+    assert "was added successfully" in page.locator(".messagelist").inner_text()
+
+    statuses = [page.request.get(f"{base}/hello/").status for _ in range(5)]
+    assert statuses == [200] * 5  # one at a time: always within the learnt limit
+
+    page.goto(f"{base}/admin/ratelimits/policy/")
+    page.locator("#result_list tbody tr", has_text="hello-adaptive").locator("th a").click()
+    learnt = page.locator("#rl-learnt").inner_text()  # waits for the page
+    assert "requests in flight per process" in learnt and "over 5 requests" in learnt
+    assert page.locator("svg.rl-chart").count() == 4  # requests (hour, day), limit, latency
+    assert page.locator("polyline.rl-mean_limit").count() == 1
+    page.locator("#observe").screenshot(path=str(shots / "policy-adaptive.png"))
+
+
+@pytest.mark.slow
 def test_the_policy_list_fits_a_laptop_screen_beside_the_navigation(
     live_server, browser_page, django_user_model, make_policy
 ):

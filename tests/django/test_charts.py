@@ -1,0 +1,43 @@
+"""The admin's SVG charts: counts and gauges, gaps where a minute has no figure, and
+scale labels where their values are."""
+
+from __future__ import annotations
+
+import re
+
+from ratelimits.ops import charts
+from ratelimits.ops.observe import Counts
+
+
+def _labels(svg: str) -> dict[str, float]:
+    """The left scale: each label's text and its height."""
+    return {m[2]: float(m[1]) for m in re.finditer(
+        r'<text x="\d+" y="([0-9.]+)" font-size="11" text-anchor="end" '
+        r'fill="currentColor">([^<]+)</text>', svg)}
+
+
+def test_a_small_scale_puts_each_label_at_its_own_height():
+    svg = charts.line_chart([Counts(admitted=1), Counts()], title="t", axis=("a", "b", "c"))
+    labels = _labels(svg)
+    assert set(labels) == {"0", "0.5", "1"}
+    assert labels["0"] > labels["0.5"] > labels["1"]  # SVG's y grows downwards
+
+
+def test_gauges_leave_a_gap_for_minutes_without_samples_and_give_their_mean():
+    minutes = [Counts(samples=2, latency_us=20_000, limit_sum=6), Counts(),
+               Counts(samples=1, latency_us=30_000, limit_sum=5),
+               Counts(samples=1, latency_us=50_000, limit_sum=1)]
+    svg = charts.line_chart(minutes, title="t", axis=("a", "b", "c"),
+                            series=charts.LATENCY_SERIES)
+    lines = re.findall(r'<polyline class="rl-latency_ms" points="([^"]+)"', svg)
+    assert [len(points.split()) for points in lines] == [1, 2]  # broken by the empty minute
+    assert "latency, ms (mean 30.0)" in svg  # 10, 30 and 50 ms, minute by minute
+    assert "Scale 0 to 50" in svg
+
+
+def test_counts_and_samples_add_up_over_minutes():
+    total = sum([Counts(admitted=2, samples=2, latency_us=10, limit_sum=4),
+                 Counts(rejected=1, samples=1, latency_us=20, limit_sum=2)], Counts())
+    assert (total.admitted, total.rejected, total.samples) == (2, 1, 3)
+    assert total.mean_limit == 2.0 and total.latency_ms == 0.01
+    assert Counts().latency_ms is None and Counts().mean_limit is None
