@@ -56,7 +56,7 @@ class Recorder:
     """The two metrics and their label children, resolved once per policy and backend."""
 
     def __init__(self, registry: Any = None) -> None:
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
         self.requests = Counter(
@@ -72,9 +72,17 @@ class Recorder:
             buckets=ENGINE_BUCKETS,
             registry=registry,
         )
+        self.adaptive_limit = Gauge(
+            "ratelimits_adaptive_limit",
+            "Requests in flight an adaptive policy admits in this process, as last learnt.",
+            ["policy"],
+            registry=registry,
+            multiprocess_mode="liveall",  # one series per live worker: sum or average them
+        )
         # Plain dicts: a lost race only resolves the same child twice (labels() is locked).
         self._policies: dict[str, tuple[Any, ...]] = {}
         self._backends: dict[type, Any] = {}
+        self._learnt: dict[str, Any] = {}
 
     def _children(self, name: str) -> tuple[Any, ...]:
         children = self._policies.get(name)
@@ -108,6 +116,16 @@ class Recorder:
             for (policy, _), result in zip(planned, decision.results, strict=True):
                 index = INDEX[result.outcome]
                 self._children(policy.name)[index].inc()
+        except Exception as exc:
+            _failed(exc)
+
+    def learnt(self, name: str, limit: int) -> None:
+        """An adaptive policy's limit after a sample (never raises)."""
+        try:
+            child = self._learnt.get(name)
+            if child is None:
+                child = self._learnt[name] = self.adaptive_limit.labels(name)
+            child.set(limit)
         except Exception as exc:
             _failed(exc)
 

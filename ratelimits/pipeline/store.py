@@ -332,6 +332,11 @@ SAMPLES, LATENCY_US, LIMIT_SUM = "n", "t", "k"
 def _sampled(limit: Any, at: float, latency: float, learnt: int) -> None:
     if not limit.name:
         return
+    from ratelimits.ops.metrics import recorder_for
+
+    recorder = recorder_for(get_config())
+    if recorder is not None:
+        recorder.learnt(limit.name, learnt)
     try:
         count = getattr(get_engine(), "count_fields", None)
         if count is not None:

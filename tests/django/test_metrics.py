@@ -124,6 +124,8 @@ def test_an_adaptive_policy_is_counted_as_decided_in_process(client, make_policy
     assert outcomes(after, name) == counts(admitted=1, rejected=1)
     assert engine_calls(after, "memory") - engine_calls(before, "memory") == 2
     assert engine_calls(after, "redis") == engine_calls(before, "redis")
+    learnt = ("ratelimits_adaptive_limit", frozenset({("policy", name)}))
+    assert after[learnt] == 1  # what it learnt from one sample at its floor
 
 
 def test_latency_buckets_span_sub_millisecond_to_100_ms(client, make_policy, settings):
