@@ -61,6 +61,12 @@ class Acquiring:
         # every engine has release(); Frontline reaches its store's through __getattr__
         await asyncio.to_thread(self.release, decision)  # type: ignore[attr-defined]
 
+    async def aread_version(self) -> int:
+        """`read_version()` for async code."""
+        # every engine has read_version(); Frontline reaches its store's as release()
+        version: int = await asyncio.to_thread(self.read_version)  # type: ignore[attr-defined]
+        return version
+
     def acquire(self, limits: Sequence[Limit], timeout: float | None = None, *,
                 clock: Clock | None = None) -> Decision:
         """Block until every limit admits one call (`cost` units each) and return the

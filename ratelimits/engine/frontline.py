@@ -199,6 +199,13 @@ class Frontline(Acquiring):
         else:
             await self.aio.release(decision)
 
+    async def aread_version(self) -> int:
+        if self.aio is None:
+            version: int = await asyncio.to_thread(self.store.read_version)
+        else:
+            version = await self.aio.read_version()
+        return version
+
     def _remembered(self, limits: Sequence[Limit], at: float) -> Decision | None:
         """The deny cache's answer, counted like the store's; None to ask the store."""
         local = self.denied.answer(limits, at)

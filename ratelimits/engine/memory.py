@@ -376,6 +376,9 @@ class MemoryEngine(Acquiring):
     async def arelease(self, decision: Decision) -> None:
         self.release(decision)
 
+    async def aread_version(self) -> int:
+        return self.read_version()
+
     def release(self, decision: Decision) -> None:
         """Free the slots an admitted decision holds."""
         holding = decision.holding()

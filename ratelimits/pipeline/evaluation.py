@@ -141,9 +141,10 @@ async def aevaluate(
 # -- one path, two drivers -----------------------------------------------------------------
 #
 # The decision is written once, as a generator that yields what it needs done outside
-# itself: `_Blocking` (a call that may block: the database, a user's function) and
-# `_Store` (the store's decision). `_run` does each in the calling thread; `_arun`
-# awaits the store on the event loop and sends the blocking calls to a thread.
+# itself: `_Blocking` (a call that may block: the database, a user's function), `_Store`
+# (the store's decision) and `_Version` (the store's policy version). `_run` does each
+# in the calling thread; `_arun` awaits the store on the event loop and sends the
+# blocking calls to a thread.
 
 
 class _Blocking:
@@ -158,6 +159,15 @@ class _Store:
 
     def __init__(self, engine: Any, limits: list[Any], now: float | None) -> None:
         self.engine, self.limits, self.now = engine, limits, now
+
+
+class _Version:
+    """The store's policy version (`engine.read_version()`, awaited under ASGI)."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
 
 
 class _User:
@@ -183,6 +193,8 @@ async def _arun(steps: Steps) -> Any:
 def _perform(need: Any) -> Any:
     if isinstance(need, _Store):
         return need.engine.evaluate(need.limits, need.now)
+    if isinstance(need, _Version):
+        return need.engine.read_version()
     if isinstance(need, _Blocking):
         return need.fn(*need.args)
     return None  # _User: a blocking stack reads request.user when a key asks
@@ -191,6 +203,8 @@ def _perform(need: Any) -> Any:
 async def _aperform(need: Any) -> Any:
     if isinstance(need, _Store):
         return await need.engine.aevaluate(need.limits, need.now)
+    if isinstance(need, _Version):
+        return await need.engine.aread_version()
     if isinstance(need, _Blocking):
         return await sync_to_async(need.fn)(*need.args)
     await _load_user(need.request)
@@ -402,7 +416,7 @@ def _newer_snapshot(
     elif process.clock() - process.version_at < VERSION_EVERY:
         return None
     else:
-        version = yield _Blocking(_read_version, config)
+        version = yield from _read_version(config)
         if version is None:
             return None
     if not resolver.outdates(version, snap):
@@ -414,10 +428,11 @@ def _newer_snapshot(
 VERSION_EVERY = 1.0
 
 
-def _read_version(config: Mapping[str, Any]) -> int | None:
+def _read_version(config: Mapping[str, Any]) -> Steps:
     """The version read from the store, when the last one learnt is `VERSION_EVERY`
-    old; None when it is younger, another thread is reading it, or the store failed.
-    One thread reads at a time: the others go on with the snapshot they have."""
+    old; None when it is younger, another request is reading it, or the store failed.
+    One request reads at a time (awaited on the event loop under ASGI): the others go
+    on with the snapshot they have."""
     if process.clock() - process.version_at < VERSION_EVERY:
         return None
     lock = process.version_lock
@@ -427,7 +442,7 @@ def _read_version(config: Mapping[str, Any]) -> int | None:
         if process.clock() - process.version_at < VERSION_EVERY:
             return None  # read by another thread meanwhile
         try:
-            return int(get_engine().read_version())
+            return int((yield _Version(get_engine())))
         except EngineError as exc:
             log_unavailable(exc, config)
             return None

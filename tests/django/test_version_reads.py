@@ -163,3 +163,34 @@ def test_the_engines_read_the_version_alone(server, settings):
     local = MemoryEngine(version_key="v")
     local.bump_version()
     assert local.read_version() == 1
+
+
+def test_an_async_request_reads_the_version_on_the_event_loop(
+    async_client, db, server, clock, monkeypatch
+):
+    """Under ASGI the version is awaited like the store's decisions: on the loop's own
+    thread, through the asyncio engine, and an edit elsewhere applies the same way."""
+    from asgiref.sync import async_to_sync
+
+    from ratelimits.engine.aio import AsyncRedisEngine
+
+    read_on = []
+    read_version = AsyncRedisEngine.read_version
+
+    async def watched(self, now=None):
+        read_on.append(threading.get_ident())
+        return await read_version(self, now)
+
+    monkeypatch.setattr(AsyncRedisEngine, "read_version", watched)
+
+    async def hits(n):
+        return [(await async_client.get("/async/")).status_code for _ in range(n)], \
+            threading.get_ident()
+
+    assert async_to_sync(hits)(1)[0] == [200]  # the snapshot and the version learnt
+    read_on.clear()
+    published_elsewhere(server, path="/async/")
+    clock.now += 1.0
+    statuses, loop_thread = async_to_sync(hits)(2)
+    assert statuses == [200, 429]  # read, reloaded, applied to the request that read it
+    assert read_on == [loop_thread]
