@@ -58,7 +58,7 @@ from ratelimits.engine.keys import (
 )
 from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease, returned_units
 from ratelimits.engine.live import Heartbeat, live_source
-from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS
+from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, admit
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.steps import Steps, drive
 from ratelimits.engine.tally import FLUSH_EVERY, Counts, Tally
@@ -314,17 +314,7 @@ class ClusterEngine(Acquiring):
         (the nodes at once)."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        breaker = self.breaker
-        if breaker is not None and not breaker.allow():
-            raise EngineUnavailable("circuit open after repeated store failures")
-        try:
-            raw = drive(self.reading_version(now), self.perform)
-        except EngineError:
-            if breaker is not None:
-                breaker.failure()
-            raise
-        if breaker is not None:
-            breaker.success()
+        raw = self._breaking(lambda: drive(self.reading_version(now), self.perform))
         return int(raw) if raw is not None else 0
 
     def reading_version(self, now: float | None) -> Steps[Any]:
@@ -771,8 +761,7 @@ class ClusterEngine(Acquiring):
         """`run()` behind the circuit breaker: fails fast while it is open, and counts
         each EngineError (EngineUnavailable included) as a failure."""
         breaker = self.breaker
-        if breaker is not None and not breaker.allow():
-            raise EngineUnavailable("circuit open after repeated store failures")
+        admit(breaker)
         try:
             result = run()
         except EngineError:
