@@ -173,7 +173,7 @@ class Policy(models.Model):
         max_length=255,
         default="ip",
         help_text="Who is counted: ip, user, user_or_ip, global, header:<Name>, "
-        "query:<name> or call:<dotted.path>.",
+        "query:<name>, post:<field> or call:<dotted.path>.",
     )
     path = models.CharField(
         max_length=255,
@@ -247,7 +247,8 @@ class Policy(models.Model):
         def add(field: str, message: str) -> None:
             errors.setdefault(field, []).append(message)
 
-        self.methods = ",".join(split_methods(self.methods or ""))
+        # one order, so "POST,GET" and "GET,POST" are the same figures
+        self.methods = ",".join(sorted(set(split_methods(self.methods or ""))))
         for method in split_methods(self.methods):
             if not _METHOD.match(method):
                 add("methods", f"{method!r} is not an HTTP method; write e.g. GET,POST.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,11 +77,24 @@ class Registry:
         self._lock = threading.Lock()
         self.declared: dict[str, Declaration] = {}
         self._written: set[str] = set()
+        #: Moves with every new declaration. A snapshot remembers the generation it was
+        #: compiled at, so a view module imported after the first request (gunicorn imports
+        #: the URLconf at the first `resolve()`, long after the middleware was built) has
+        #: its limits applied from its first request on.
+        self.generation = 0
 
-    def declare(self, name: str, mode: str, **code: Any) -> Declaration:
+    def declare(
+        self, name: str, mode: str, *, reader: Callable[[Any], Any] | None = None, **code: Any
+    ) -> Declaration:
         """Register a declaration; ImproperlyConfigured when it is invalid or the same
-        name was declared with other figures (two views may share one declaration)."""
+        name was declared with other figures (two views may share one declaration).
+        `reader`, a function of the request, identifies the client instead of `key`
+        (which becomes `code:<name>`)."""
         from ratelimits.models import Mode
+        from ratelimits.pipeline.identity import register_reader
+
+        if reader is not None:
+            code["key"] = f"code:{name}"
 
         code.setdefault("path", "*")
         code["scope"] = SCOPE_PREFIX + name
@@ -110,7 +124,11 @@ class Registry:
                     f"({dict(known.fields)} and {dict(declaration.fields)}): give each "
                     "its own name, or the same figures to share one limit"
                 )
-            self.declared[name] = declaration
+            if known is None:
+                self.declared[name] = declaration
+                self.generation += 1
+            if reader is not None:  # the latest function: a re-imported module's own
+                register_reader(name, reader)
         return declaration
 
     def compile_rows(self, rows: list[Any]) -> list[Any]:

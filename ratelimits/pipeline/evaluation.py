@@ -33,7 +33,7 @@ from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.fallback import fallback
-from ratelimits.pipeline.identity import USER_KINDS
+from ratelimits.pipeline.identity import CALLING_KINDS, USER_KINDS
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.report import (
     deferred_signals,
@@ -277,7 +277,7 @@ def _decide(
     kinds = {p.key_spec.kind for p in policies}
     if kinds & USER_KINDS:
         yield _User(request)
-    if "call" in kinds or (config["TIER"] and any(p.overrides for p in policies)):
+    if kinds & CALLING_KINDS or (config["TIER"] and any(p.overrides for p in policies)):
         planned, failed = yield _Blocking(plan, request, policies, config, state,
                                           snap.members)
     else:

@@ -38,11 +38,17 @@ _MAX_HOPS = 64
 _MAX_HEADER = 8192  # read from the right: the hops nearest to us are the trustworthy ones
 _MAX_DISPLAY = 80
 
-KINDS = ("ip", "user", "user_or_ip", "global", "header", "query", "call")
+KINDS = ("ip", "user", "user_or_ip", "global", "header", "query", "post", "call", "code")
 _SIMPLE = frozenset({"ip", "user", "user_or_ip", "global"})
 #: The kinds that read `request.user`.
 USER_KINDS = frozenset({"user", "user_or_ip"})
-_USAGE = "use ip, user, user_or_ip, global, header:<Name>, query:<name> or call:<dotted.path>"
+_USAGE = ("use ip, user, user_or_ip, global, header:<Name>, query:<name>, post:<field> or "
+          "call:<dotted.path>")
+#: The kinds that call a function of the user's (`call:`, and `code:`, a function given to
+#: `@ratelimit(key=...)` in code): they may block, so the async stack runs them in a thread.
+CALLING_KINDS = frozenset({"call", "code"})
+#: Other spellings of a kind: django-ratelimit's `get:` is our `query:`.
+_ALIASES = {"get": "query"}
 _TOKEN = re.compile(r"[!#$%&'*+\-.^`|~0-9A-Za-z]+")  # RFC 9110 token, minus '_' (see below)
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", re.ASCII)
 # Django does not give these two the HTTP_ prefix in META.
@@ -260,6 +266,12 @@ def _query_name(arg: str) -> str | None:
     return None
 
 
+def _code_name(arg: str) -> str | None:
+    if arg.strip() != arg or not arg:
+        return f"code:{arg!r} must name a limit declared in code, without spaces around it"
+    return None
+
+
 def _dotted_path(arg: str) -> str | None:
     if not _DOTTED.fullmatch(arg):
         return (
@@ -274,7 +286,10 @@ def _dotted_path(arg: str) -> str | None:
 _WITH_ARGUMENT: dict[str, tuple[str, Callable[[str], str | None]]] = {
     "header": ("header: needs a header name, e.g. header:X-Api-Key", _header_name),
     "query": ("query: needs a query parameter name, e.g. query:api_key", _query_name),
+    "post": ("post: needs a form field name, e.g. post:username", _query_name),
     "call": ("call: needs a dotted path to a function, e.g. call:myapp.keys.tenant", _dotted_path),
+    "code": ("code: needs the name of a limit declared in code with a key function",
+             _code_name),
 }
 
 
@@ -286,7 +301,7 @@ def parse_key(spec: str) -> KeySpec:
     if not text:
         raise ValueError(f"key is empty; {_USAGE}")
     kind, sep, arg = text.partition(":")
-    kind = kind.lower()
+    kind = _ALIASES.get(kind.lower(), kind.lower())
     if kind in _SIMPLE:
         if sep:
             raise ValueError(f"key {kind!r} takes no argument; write just {kind}")
@@ -333,6 +348,10 @@ class KeySpec:
         elif kind == "query":
             query = getattr(http, "GET", None)
             value = query.get(self.arg) if query is not None else None
+        elif kind == "post":
+            value = _form_field(http, self.arg)
+        elif kind == "code":
+            value = _call_reader(self.arg, request)
         else:
             value = _call(self.arg, request)
         if value is None:
@@ -358,6 +377,46 @@ def _user_identity(request: Any) -> str | None:
     if pk is None:
         raise IdentityError("the authenticated user has no pk to count it by")
     return _bounded("user", str(pk))
+
+
+def _form_field(http: Any, name: str) -> Any:
+    """A field of the request's form body (`request.POST`); None without one. A body
+    Django refuses to parse (too many fields, read already as a stream) identifies no one
+    and is logged as such: the policy is not decided for this request."""
+    if getattr(http, "method", None) != "POST":
+        return None
+    try:
+        form = http.POST
+        return form.get(name)
+    except Exception as exc:
+        raise IdentityError(f"the form body could not be read: {type(exc).__name__}: {exc}"
+                            ) from exc
+
+
+#: The key functions given in code (`@ratelimit(key=function)`, the compat layers), by
+#: the name of their declaration: what a `code:<name>` key calls with the request.
+_readers: dict[str, Callable[[Any], Any]] = {}
+
+
+def register_reader(name: str, reader: Callable[[Any], Any]) -> None:
+    """Make `code:<name>` count clients by `reader(request)` (a value, or None when the
+    limit does not apply to this request)."""
+    _readers[name] = reader
+
+
+def _call_reader(name: str, request: Any) -> Any:
+    reader = _readers.get(name)
+    if reader is None:
+        raise IdentityError(
+            f"code:{name} names no key function: the limit {name!r} is declared in code "
+            "that this process has not imported"
+        )
+    try:
+        value = reader(request)
+    except Exception as exc:
+        raise IdentityError(f"the key function of {name!r} raised {type(exc).__name__}: "
+                            f"{exc}") from exc
+    return value if value is None or isinstance(value, str) else str(value)
 
 
 def _call(path: str, request: Any) -> Any:

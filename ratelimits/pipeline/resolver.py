@@ -148,6 +148,12 @@ class Snapshot:
     members: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: The DRF scopes some policy is tied to (empty: no policy has one); derived.
     scopes: frozenset[str] = frozenset()
+    #: `registry.generation` when it was compiled: a snapshot older than the limits
+    #: declared in code is built again (see `Registry.generation`).
+    declarations: int = -1
+    #: A snapshot pinned by `ratelimits.testing`: the policies it was given (None: it was
+    #: read from the database), so it can be compiled again with newer declarations.
+    given: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scopes", frozenset(p.scope for p in self.policies if p.scope))
@@ -230,6 +236,7 @@ def load_snapshot(version: int | None) -> Snapshot:
     by_policy: dict[int, list[Any]] = {}
     for override in overrides:
         by_policy.setdefault(override.policy_id, []).append(override)
+    declarations = registry.generation  # before the rows: a later declaration rebuilds
     rows += registry.write(rows)  # the code's declarations not in the table yet, or changed
     compiled = []
     for policy in numbered(registry.compile_rows(rows)):
@@ -241,7 +248,8 @@ def load_snapshot(version: int | None) -> Snapshot:
             logger.error("ratelimits: policy %r is invalid and is skipped: %s", policy.name, exc)
     groups = {g for c in compiled if c.overrides for g in c.overrides.groups}
     return Snapshot(version=version, policies=tuple(sorted(compiled, key=_order)),
-                    fingerprint=_fingerprint_of(rows, overrides), members=_members(groups))
+                    fingerprint=_fingerprint_of(rows, overrides), members=_members(groups),
+                    declarations=declarations)
 
 
 def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
@@ -252,6 +260,8 @@ def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
     from ratelimits.models import Mode, Policy
     from ratelimits.rates import parse_rate
 
+    policies = tuple(policies)
+    declarations = registry.generation
     rows = []
     for given in policies:
         if isinstance(given, Policy):
@@ -266,7 +276,8 @@ def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
         rows.append(policy)
     compiled = [compile_policy(policy) for policy in numbered(registry.compile_rows(rows))
                 if policy.mode != Mode.OFF]
-    return Snapshot(version=None, policies=tuple(sorted(compiled, key=_order)))
+    return Snapshot(version=None, policies=tuple(sorted(compiled, key=_order)),
+                    declarations=declarations, given=policies)
 
 
 def _members(groups: set[str]) -> dict[str, frozenset[str]]:
@@ -322,20 +333,35 @@ class Resolver:
         self.pinned: Snapshot | None = None
 
     def snapshot(self) -> Snapshot:
-        """The current snapshot; built on first use, or now if this process saved a policy."""
+        """The current snapshot; built on first use, or now if this process saved a policy
+        or imported a module that declares limits in code."""
         if self.pinned is not None:
-            return self.pinned
+            return self._current_pin(self.pinned)
         snap = self._snapshot
         if snap is None or self._stale:
             snap = self._rebuild(self._stale_version if self._stale else None, wait=snap is None)
+        elif snap.declarations != registry.generation:
+            # a new declaration must apply from its first request: wait for the rebuild
+            snap = self._rebuild(snap.version, wait=True)
         return snap
 
     def ready(self) -> Snapshot | None:
         """The current snapshot when `snapshot()` would not read the database; else None."""
-        if self.pinned is not None:
-            return self.pinned
+        pinned = self.pinned
+        if pinned is not None:
+            return pinned if pinned.declarations == registry.generation else None
         snap = self._snapshot
-        return None if snap is None or self._stale else snap
+        if snap is None or self._stale or snap.declarations != registry.generation:
+            return None
+        return snap
+
+    def _current_pin(self, pinned: Snapshot) -> Snapshot:
+        """A test's pinned snapshot, compiled again when code declared limits since."""
+        if pinned.declarations == registry.generation:
+            return pinned
+        new = load_snapshot(None) if pinned.given is None else pinned_snapshot(pinned.given)
+        self.pinned = new
+        return new
 
     def outdates(self, version: int | None, snap: Snapshot) -> bool:
         """Whether the engine's `version` asks for a snapshot other than `snap`."""

@@ -31,7 +31,7 @@ def test_a_valid_policy_passes_and_defaults_to_shadow():
     policy.full_clean()
     assert policy.mode == "shadow"
     assert policy.on_error == "allow"
-    assert policy.methods == "POST,GET"
+    assert policy.methods == "GET,POST"  # normalised: upper case, one order
 
 
 @pytest.mark.parametrize(
