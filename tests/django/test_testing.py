@@ -121,3 +121,47 @@ def test_the_fixture_starts_with_no_policy_and_a_frozen_clock(client, ratelimits
 def test_a_clock_only_moves_forward():
     with pytest.raises(ValueError, match="forward"):
         Clock(0).advance(-1)
+
+
+def _declared_late(settings, name):
+    """A URLconf whose view module is imported only now, as a server imports it at its
+    first request: a limit of 2 a minute declared at that moment."""
+    import types
+
+    from django.http import HttpResponse
+    from django.urls import path
+
+    from ratelimits.decorators import ratelimit
+
+    @ratelimit(name=name, rate="2/m")
+    def view(request):
+        return HttpResponse("late")
+
+    urls = types.ModuleType(f"{name}_urls")
+    urls.urlpatterns = [path("late/", view)]
+    settings.ROOT_URLCONF = urls
+
+
+@pytest.fixture
+def forget_declarations():
+    from ratelimits.pipeline.declared import registry
+
+    before = dict(registry.declared)
+    yield
+    registry.declared.clear()
+    registry.declared.update(before)
+
+
+def test_a_limit_declared_inside_limited_applies(client, settings, forget_declarations):
+    with limited(LOGIN):
+        assert _posts(client, 1) == [200]  # the snapshot is pinned before the declaration
+        _declared_late(settings, "late-in-test")
+        assert [client.get("/late/").status_code for _ in range(3)] == [200, 200, 429]
+
+
+@pytest.mark.django_db
+def test_a_limit_declared_after_the_first_request_applies(client, settings,
+                                                          forget_declarations):
+    assert client.get("/hello/").status_code == 200  # the snapshot is built: no policy
+    _declared_late(settings, "late-in-server")
+    assert [client.get("/late/").status_code for _ in range(3)] == [200, 200, 429]

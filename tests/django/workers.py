@@ -15,12 +15,16 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+_WSGI = "django.core.wsgi:get_wsgi_application()"
 
 
 def _free_port() -> int:
@@ -30,15 +34,22 @@ def _free_port() -> int:
 
 
 class Site:
-    def __init__(self, tmp: Path, redis_url: str) -> None:
+    """A site on `redis_url` whose settings are `settings` (the multi-process tests' own
+    by default; `tests.servers.project.settings` is a project as the README sets one up).
+    With `probe` None the server is ready when it accepts a connection, so the first
+    request a test sends is the first the site serves."""
+
+    def __init__(self, tmp: Path, redis_url: str, settings: str = "tests.django.workers_settings",
+                 probe: str | None = "/free/") -> None:
         self.env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.django.workers_settings",
+            "DJANGO_SETTINGS_MODULE": settings,
             "WORKERS_DB": str(tmp / "site.sqlite3"),
             "WORKERS_REDIS_URL": redis_url,
             "PYTHONPATH": str(ROOT),
         }
         self.port = _free_port()
+        self.probe = probe
         self.server: subprocess.Popen[bytes] | None = None
         self.run("from django.core.management import call_command\n"
                  "call_command('migrate', verbosity=0)")
@@ -73,19 +84,29 @@ class Site:
 
         return apply
 
-    def start(self, workers: int, threads: int = 1) -> None:
+    def start(self, workers: int, threads: int = 1, app: str = _WSGI, *extra: str) -> None:
         """`gunicorn -w workers`; with `threads` > 1, each worker serves that many
         requests at once (the gthread worker)."""
-        extra = ["-k", "gthread", "--threads", str(threads)] if threads > 1 else []
-        self._serve([sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
+        if threads > 1:
+            extra = ("-k", "gthread", "--threads", str(threads), *extra)
+        self._serve([sys.executable, "-m", "gunicorn", app,
                      "-w", str(workers), "-b", f"127.0.0.1:{self.port}",
                      "--log-level", "warning", *extra])
 
-    def start_asgi(self) -> None:
-        """One uvicorn process serving the site's ASGI application."""
-        self._serve([sys.executable, "-m", "uvicorn", "--factory",
-                     "django.core.asgi:get_asgi_application", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--log-level", "warning"])
+    def start_asgi(self, app: str = "django.core.asgi:get_asgi_application",
+                   *extra: str) -> None:
+        """uvicorn serving the site's ASGI application (`--factory` for a function)."""
+        factory = ["--factory"] if app.endswith("_application") else []
+        self._serve([sys.executable, "-m", "uvicorn", *factory, app, "--host", "127.0.0.1",
+                     "--port", str(self.port), "--log-level", "warning", *extra])
+
+    def start_uwsgi(self, module: str, processes: int) -> None:
+        """uWSGI with `--lazy-apps`: each worker imports the application after the fork."""
+        uwsgi = str(Path(sys.executable).with_name("uwsgi"))
+        self._serve([uwsgi, "--master", "--lazy-apps", "--http-socket",
+                     f"127.0.0.1:{self.port}", "--module", module, "--processes",
+                     str(processes), "--die-on-term", "--disable-logging",
+                     "--need-app"])
 
     def _serve(self, command: list[str]) -> None:
         self.server = subprocess.Popen(
@@ -95,7 +116,10 @@ class Site:
         deadline = time.monotonic() + 30
         while True:
             try:
-                self.get("/free/")
+                if self.probe is None:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                else:
+                    self.get(self.probe)
                 return
             except OSError:
                 if self.server.poll() is not None or time.monotonic() > deadline:
@@ -105,15 +129,27 @@ class Site:
                     raise RuntimeError(f"the server did not start: {why}") from None
                 time.sleep(0.1)
 
-    def text(self, path: str) -> tuple[int, str]:
-        """(status, body) of one request on a new connection."""
+    def send(self, method: str, path: str, form: dict[str, str] | None = None
+             ) -> tuple[int, dict[str, str], str]:
+        """(status, headers with lower-case names, body) of one request on a new
+        connection; `form` is sent url-encoded, as a browser posts a form."""
+        headers, body = {}, None
+        if form is not None:
+            body = urllib.parse.urlencode(form)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            conn.request("GET", path)
+            conn.request(method, path, body=body, headers=headers)
             response = conn.getresponse()
-            return response.status, response.read().decode()
+            named = {k.lower(): v for k, v in response.getheaders()}
+            return response.status, named, response.read().decode()
         finally:
             conn.close()
+
+    def text(self, path: str) -> tuple[int, str]:
+        """(status, body) of one request on a new connection."""
+        status, _, body = self.send("GET", path)
+        return status, body
 
     def get(self, path: str) -> tuple[int, int]:
         """(status, the answering worker's pid) of one request on a new connection."""
@@ -122,14 +158,8 @@ class Site:
 
     def fetch(self, path: str) -> tuple[int, int, dict[str, str]]:
         """`get()` with the response's headers (names in lower case)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            headers = {k.lower(): v for k, v in response.getheaders()}
-            return response.status, int(response.read()), headers
-        finally:
-            conn.close()
+        status, headers, body = self.send("GET", path)
+        return status, int(body), headers
 
     def load(self, path: str, n: int, threads: int = 6) -> list[tuple[float, int, int]]:
         """`n` requests from `threads` clients at once: (time sent, status, pid) each."""
