@@ -17,6 +17,10 @@ from ratelimits.engine.registry import (
     Algorithm,
 )
 
+#: The algorithms a limit of cost 0 reads without changing: `Result.remaining` is what
+#: is left, and nothing is taken (django-ratelimit's `increment=False`).
+PEEKABLE_ALGORITHMS = ("fixed_window",)
+
 #: Why the other algorithms take no batch (shown to operators).
 _NO_LEASE = (
     "units taken ahead count from when they were taken, and a bucket, GCRA or a log "
@@ -66,8 +70,13 @@ class Limit:
             raise ValueError(f"limit must be a positive integer, got {self.limit!r}")
         if not self.period > 0:
             raise ValueError(f"period must be a positive number of seconds, got {self.period!r}")
-        if not isinstance(self.cost, int) or isinstance(self.cost, bool) or self.cost < 1:
+        if not isinstance(self.cost, int) or isinstance(self.cost, bool) or self.cost < 0:
             raise ValueError(f"cost must be an integer of at least 1, got {self.cost!r}")
+        # cost 0 reads a window's count without taking from it (a peek): only a plain
+        # count stays unchanged by it; a log, a bucket or a slot would record the call
+        if self.cost == 0 and self.algorithm not in PEEKABLE_ALGORITHMS:
+            raise ValueError(f"cost must be an integer of at least 1, got {self.cost!r} "
+                             f"(cost 0, a read, applies only to {', '.join(PEEKABLE_ALGORITHMS)})")
         if self.burst is not None:
             if not self.spec.has_burst:
                 raise ValueError(
