@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.http import HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
@@ -67,7 +68,8 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
 
 
 def decorate(state: RequestState, response: Any) -> Any:
-    """Add the rate-limit headers of every decision taken for this request."""
-    if state.outcomes:
+    """Add the rate-limit headers of every decision taken for this request; a view that
+    returns something else than a response (a decorated helper) gets none."""
+    if state.outcomes and isinstance(response, HttpResponseBase):
         headers.apply(response, state.outcomes, get_config()["HEADERS"])
     return response

@@ -205,3 +205,56 @@ def test_a_name_taken_by_an_operators_policy_still_limits_and_says_so(client, si
     assert _codes(client, 4, "/login/", "post") == [200, 200, 200, 429]
     assert "a policy of that name exists and was not declared in code" in caplog.text
     assert not Policy.objects.get(name="login").declared  # the operator's row is untouched
+
+
+# -- django-ratelimit's semantics on the native decorator ----------------------------------
+
+
+class Refused(Exception):
+    """What a `raise_on_refusal` test view raises."""
+
+
+@pytest.fixture
+def forget_declarations():
+    before = dict(registry.declared)
+    registry.forget_written()
+    yield
+    registry.declared.clear()
+    registry.declared.update(before)
+    registry.forget_written()
+
+
+def test_block_false_runs_the_view_flagged_and_charges_nothing(rf, forget_declarations):
+    @ratelimit(name="lenient", rate="2/m", block=False)
+    @ratelimit(name="strict-hour", rate="100/h")
+    def view(request):
+        return request.limited  # not a response: no headers, no crash
+
+    assert [view(rf.get("/")) for _ in range(4)] == [False, False, True, True]
+    # the refused requests were not charged to "lenient", but the site's other policy
+    # ("strict-hour", decided again without it) counted all four (and this read, one)
+    assert evaluation.evaluate(rf.get("/"), scopes=frozenset({"code:strict-hour"}),
+                               sender=object).outcomes[0].result.remaining == 95
+
+
+def test_raise_on_refusal_and_any_method_order(rf, forget_declarations):
+    @ratelimit(name="raising", rate="1/m", methods=["POST", "GET"], raise_on_refusal=Refused)
+    def view(request):
+        return "ran"
+
+    @ratelimit(name="raising", rate="1/m", methods=["GET", "POST"], raise_on_refusal=Refused)
+    def other(request):
+        return "ran"
+
+    assert view(rf.get("/")) == "ran"
+    with pytest.raises(Refused):
+        other(rf.post("/"))
+
+
+def test_a_key_function(rf, forget_declarations):
+    @ratelimit(name="by-tenant", rate="1/m", key=lambda r: r.GET.get("tenant"), block=False)
+    def view(request):
+        return request.limited
+
+    assert [view(rf.get("/?tenant=a")), view(rf.get("/?tenant=a")),
+            view(rf.get("/?tenant=b")), view(rf.get("/"))] == [False, True, False, False]
