@@ -84,12 +84,14 @@ class Registry:
         self.generation = 0
 
     def declare(
-        self, name: str, mode: str, *, reader: Callable[[Any], Any] | None = None, **code: Any
+        self, name: str, mode: str, *, reader: Callable[[Any], Any] | None = None,
+        replace: bool = False, **code: Any
     ) -> Declaration:
         """Register a declaration; ImproperlyConfigured when it is invalid or the same
-        name was declared with other figures (two views may share one declaration).
-        `reader`, a function of the request, identifies the client instead of `key`
-        (which becomes `code:<name>`)."""
+        name was declared with other figures (two views may share one declaration),
+        unless `replace`: then the new figures apply from the next request on (a rate
+        read from settings that changed). `reader`, a function of the request,
+        identifies the client instead of `key` (which becomes `code:<name>`)."""
         from ratelimits.models import Mode
         from ratelimits.pipeline.identity import register_reader
 
@@ -118,15 +120,16 @@ class Registry:
         )
         with self._lock:
             known = self.declared.get(name)
-            if known is not None and known != declaration:
+            if known is not None and known != declaration and not replace:
                 raise ImproperlyConfigured(
                     f"@ratelimit(name={name!r}) is declared twice with different figures "
                     f"({dict(known.fields)} and {dict(declaration.fields)}): give each "
                     "its own name, or the same figures to share one limit"
                 )
-            if known is None:
+            if known != declaration:
                 self.declared[name] = declaration
                 self.generation += 1
+                self._written.discard(name)  # its row takes the new figures
             if reader is not None:  # the latest function: a re-imported module's own
                 register_reader(name, reader)
         return declaration

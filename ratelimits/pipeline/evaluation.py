@@ -308,8 +308,11 @@ def _decide(
 
 
 
-def _now() -> float | None:
-    """The time to decide at: a test's clock (`ratelimits.testing`), else the engine's."""
+def _now(state: RequestState) -> float | None:
+    """The time to decide at: the request's own (`RequestState.now`), a test's clock
+    (`ratelimits.testing`), else the engine's."""
+    if state.now is not None:
+        return state.now
     clock = process.test_clock
     return None if clock is None else float(clock.now())
 
@@ -332,7 +335,7 @@ def _decide_shared(
     engine: Any = None
     try:
         engine = get_engine()  # a cluster client needs a reachable node to be built
-        decision = yield _Store(engine, [p.limit for p in planned], _now())
+        decision = yield _Store(engine, [p.limit for p in planned], _now(state))
     except EngineError as exc:  # unreachable, read-only, out of memory ...
         if recorder is not None and engine is not None:
             seconds = time.perf_counter() - started
@@ -375,7 +378,7 @@ def _decide_local(
     (engine, own), rest = layers[0], layers[1:]
     recorder = recorder_for(config)
     started = time.perf_counter() if recorder is not None else 0.0
-    now = _now()
+    now = _now(state)
     mine, receipt = engine.take([p.limit for p in own], now)
     seconds = time.perf_counter() - started if recorder is not None else 0.0
     decision: Decision | None = None
@@ -477,9 +480,13 @@ def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
     if _declared_scopes(view, base) & snap.scopes:
         return True
     cls = getattr(view, "cls", None)  # DRF's as_view() keeps the view class there
+    throttles = getattr(cls, "throttle_classes", ())
+    # DRF compat throttles (compat.drf) declare their own limits: the view has some
+    if any(getattr(t, "declares_policies", False) for t in throttles):
+        return True
     if getattr(cls, "throttle_scope", None) not in snap.scopes:
         return False
-    return any(getattr(t, "decides_policies", False) for t in getattr(cls, "throttle_classes", ()))
+    return any(getattr(t, "decides_policies", False) for t in throttles)
 
 
 def _declared_scopes(view: Any, base: Any) -> frozenset[str]:

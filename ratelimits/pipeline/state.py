@@ -43,6 +43,9 @@ class RequestState:
     #: RATELIMITS["TIER"]'s answer for this request, once asked (`tier_known`).
     tier: str | None = None
     tier_known: bool = False
+    #: The time to decide this request at, when its glue fixes one (a DRF throttle whose
+    #: `timer` a test replaced); None: the test clock's, else the engine's.
+    now: float | None = None
 
 
 def http_request(request: Any) -> Any:
