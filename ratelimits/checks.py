@@ -7,6 +7,8 @@ ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
 ratelimits.W001  the cache is not Redis (and REDIS_URL is unset): limits are per process
 ratelimits.W002  neither the middleware nor the DRF throttle is installed
 ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not installed
+ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator can be
+                 locked out of the admin that would undo it (a database check)
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
 """
 
@@ -145,4 +147,58 @@ def check_installation(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
                 id="ratelimits.W002",
             )
         )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_admin_lockout(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Enforced policies without a scope whose path covers the admin's index and whose
+    methods include GET: a client they refuse cannot open the admin to undo them.
+
+    It reads the policies, so it runs as Django's database checks do: with
+    `manage.py check --database default` and before `migrate` (a plain `check` or
+    `runserver` does not query the database).
+    """
+    if not databases:
+        return []
+    from django.db import DatabaseError
+    from django.urls import NoReverseMatch, reverse
+
+    from ratelimits.models import Mode, Policy, split_methods
+    from ratelimits.pipeline.paths import PathPattern, normalize_path
+
+    try:
+        url = reverse("admin:index")
+    except NoReverseMatch:
+        return []  # no admin in the URLconf
+    try:
+        policies = list(Policy.objects.filter(mode=Mode.ENFORCE, scope=""))
+    except DatabaseError:
+        return []  # not migrated yet
+    admin = normalize_path(url)
+    messages: list[checks.CheckMessage] = []
+    for policy in policies:
+        methods = split_methods(policy.methods or "")
+        if methods and "GET" not in methods:
+            continue  # the admin's pages stay open; only its forms are limited
+        try:
+            covers = PathPattern(policy.path).matches(admin)
+        except ValueError:
+            continue  # invalid policies are skipped and logged by the resolver
+        if covers:
+            messages.append(
+                checks.Warning(
+                    f"The enforced policy {policy.name!r} (path {policy.path!r}) limits "
+                    f"GET requests to the admin ({url}): once it refuses you, you cannot "
+                    "open the admin to change it.",
+                    hint="Narrow its path so it leaves the admin out, limit it to the "
+                    "methods that matter (e.g. POST), or spare staff with an override or "
+                    "RATELIMITS['EXEMPT']. Locked out: `manage.py ratelimits reset` forgets a "
+                    "client's count.",
+                    obj=policy,
+                    id="ratelimits.W004",
+                )
+            )
     return messages

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 from django.core import checks
 from django.core.checks import run_checks
@@ -104,3 +105,52 @@ def test_i001_is_quiet_once_the_header_is_chosen_or_no_proxy_is_trusted():
         assert "ratelimits.I001" not in ids()
     with override_settings(RATELIMITS={"PROXY_HEADER": "forwarded"}):
         assert "ratelimits.I001" not in ids()
+
+
+# -- W004: an enforced policy that can lock an operator out of the admin -------------------
+
+
+def lockout(**fields):
+    from ratelimits.models import Policy
+
+    values = {"name": "p", "mode": "enforce", "algorithm": "fixed_window", "limit": 5,
+              "period": 60, "key": "ip", "path": "*"}
+    values.update(fields)
+    Policy.objects.create(**values)
+    return [m for m in run_checks(databases=["default"]) if m.id == "ratelimits.W004"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["*", "/admin/**", "/admin/"])
+def test_w004_an_enforced_policy_over_the_admin(path):
+    (msg,) = lockout(path=path)
+    assert "'p'" in msg.msg and "/admin/" in msg.msg and "EXEMPT" in msg.hint
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fields", [
+    {"methods": "POST"},  # the admin's pages stay open
+    {"mode": "shadow"},
+    {"path": "/api/**"},
+    {"scope": "items"},  # applies to DRF views with that scope only
+])
+def test_w004_spares_policies_that_leave_the_admin_open(fields):
+    assert lockout(**fields) == []
+
+
+@pytest.mark.django_db
+def test_w004_reads_the_admins_prefix_from_the_urlconf():
+    with override_settings(ROOT_URLCONF="tests.django.urls_backoffice"):
+        assert lockout(path="/admin/**") == []
+        (msg,) = lockout(name="q", path="/backoffice/**")
+    assert "/backoffice/" in msg.msg
+
+
+@pytest.mark.django_db
+def test_w004_is_a_database_check():
+    """A plain `check` (or runserver) does not query the database."""
+    from ratelimits.models import Policy
+
+    Policy.objects.create(name="p", mode="enforce", algorithm="fixed_window", limit=5,
+                          period=60, key="ip", path="*")
+    assert "ratelimits.W004" not in ids()
