@@ -112,6 +112,10 @@ class PolicyAdmin(_ModelAdmin):
             return self.readonly_fields
         return (*self.readonly_fields, "name", *CODE_FIELDS, "counting", "batch")
 
+    def save_model(self, request: Any, obj: Policy, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        _warn_lockout(self, request, [obj])
+
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         # a declared row comes back at the next start: switch it off instead
         if obj is not None and obj.declared:
@@ -270,6 +274,9 @@ class PolicyAdmin(_ModelAdmin):
             self.log_change(request, policy, f"Changed mode from {policy.mode} to {mode}.")
         names = ", ".join(p.name for p in changed)
         self.message_user(request, f"Switched to {mode}: {names}.", messages.SUCCESS)
+        for policy in changed:
+            policy.mode = mode
+        _warn_lockout(self, request, changed)
 
     @admin.action(description="Switch to shadow (log only)", permissions=["change"])
     def switch_to_shadow(self, request: Any, queryset: Any) -> None:
@@ -364,6 +371,20 @@ def dashboard_rows(policies: list[Policy]) -> list[dict[str, Any]]:
             "spark": mark_safe(charts.sparkline(minutes)) if minutes else "",
         })
     return rows
+
+
+def _warn_lockout(model_admin: Any, request: Any, policies: list[Policy]) -> None:
+    """Warn, as check ratelimits.W004 does, about saved policies that limit the admin's
+    own pages: the operator who just enforced one may be the client it refuses next."""
+    from ratelimits.checks import LOCKOUT_HINT, admin_index, lockout_message, locks_out_admin
+
+    url = admin_index()
+    if url is None:
+        return
+    for policy in policies:
+        if locks_out_admin(policy, url):
+            model_admin.message_user(request, f"{lockout_message(policy, url)} {LOCKOUT_HINT}",
+                                     messages.WARNING)
 
 
 @admin.register(PolicyDashboard)

@@ -150,55 +150,71 @@ def check_installation(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     return messages
 
 
+def admin_index() -> str | None:
+    """The path of the admin's index in the URLconf, or None without an admin."""
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse("admin:index")
+    except NoReverseMatch:
+        return None
+
+
+def locks_out_admin(policy: Any, admin_url: str) -> bool:
+    """Whether an enforced, unscoped policy limits GET requests to the admin's index: a
+    client it refuses cannot open the admin to undo it."""
+    from ratelimits.models import Mode, split_methods
+    from ratelimits.pipeline.paths import PathPattern, normalize_path
+
+    if policy.mode != Mode.ENFORCE or policy.scope:
+        return False
+    methods = split_methods(policy.methods or "")
+    if methods and "GET" not in methods:
+        return False  # the admin's pages stay open; only its forms are limited
+    try:
+        return PathPattern(policy.path).matches(normalize_path(admin_url))
+    except ValueError:
+        return False  # invalid policies are skipped and logged by the resolver
+
+
+#: What to do about a policy that `locks_out_admin`.
+LOCKOUT_HINT = (
+    "Narrow its path so it leaves the admin out, limit it to the methods that matter "
+    "(e.g. POST), or spare staff with an override or RATELIMITS['EXEMPT']. Locked out: "
+    "`manage.py ratelimits reset` forgets a client's count."
+)
+
+
+def lockout_message(policy: Any, admin_url: str) -> str:
+    return (f"The enforced policy {policy.name!r} (path {policy.path!r}) limits GET requests "
+            f"to the admin ({admin_url}): once it refuses you, you cannot open the admin to "
+            "change it.")
+
+
 @checks.register(checks.Tags.database)
 def check_admin_lockout(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Enforced policies without a scope whose path covers the admin's index and whose
-    methods include GET: a client they refuse cannot open the admin to undo them.
-
-    It reads the policies, so it runs as Django's database checks do: with
+    """Enforced policies that `locks_out_admin` (the admin warns as well when one is
+    saved). It reads the policies, so it runs as Django's database checks do: with
     `manage.py check --database default` and before `migrate` (a plain `check` or
-    `runserver` does not query the database).
-    """
+    `runserver` does not query the database)."""
     if not databases:
         return []
     from django.db import DatabaseError
-    from django.urls import NoReverseMatch, reverse
 
-    from ratelimits.models import Mode, Policy, split_methods
-    from ratelimits.pipeline.paths import PathPattern, normalize_path
+    from ratelimits.models import Mode, Policy
 
-    try:
-        url = reverse("admin:index")
-    except NoReverseMatch:
+    url = admin_index()
+    if url is None:
         return []  # no admin in the URLconf
     try:
         policies = list(Policy.objects.filter(mode=Mode.ENFORCE, scope=""))
     except DatabaseError:
         return []  # not migrated yet
-    admin = normalize_path(url)
-    messages: list[checks.CheckMessage] = []
-    for policy in policies:
-        methods = split_methods(policy.methods or "")
-        if methods and "GET" not in methods:
-            continue  # the admin's pages stay open; only its forms are limited
-        try:
-            covers = PathPattern(policy.path).matches(admin)
-        except ValueError:
-            continue  # invalid policies are skipped and logged by the resolver
-        if covers:
-            messages.append(
-                checks.Warning(
-                    f"The enforced policy {policy.name!r} (path {policy.path!r}) limits "
-                    f"GET requests to the admin ({url}): once it refuses you, you cannot "
-                    "open the admin to change it.",
-                    hint="Narrow its path so it leaves the admin out, limit it to the "
-                    "methods that matter (e.g. POST), or spare staff with an override or "
-                    "RATELIMITS['EXEMPT']. Locked out: `manage.py ratelimits reset` forgets a "
-                    "client's count.",
-                    obj=policy,
-                    id="ratelimits.W004",
-                )
-            )
-    return messages
+    return [
+        checks.Warning(lockout_message(policy, url), hint=LOCKOUT_HINT, obj=policy,
+                       id="ratelimits.W004")
+        for policy in policies
+        if locks_out_admin(policy, url)
+    ]

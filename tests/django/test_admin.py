@@ -120,3 +120,14 @@ def test_reset_client_of_a_malformed_or_missing_id_is_404(admin_client, make_pol
     make_policy(name="login", limit=1)
     response = admin_client.post(f"{URL}{pk}/reset-client/", {"identity": "192.0.2.9"})
     assert response.status_code == 404
+
+
+def test_enforcing_a_policy_over_the_admin_warns_the_operator(admin_client, make_policy):
+    over = make_policy(name="everything", mode="shadow", path="*")
+    spared = make_policy(name="forms", mode="shadow", path="*", methods="POST")
+    response = admin_client.post(URL, {"action": "switch_to_enforce",
+                                       "_selected_action": [over.pk, spared.pk]}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    warnings = [m for m in shown if "limits GET requests to the admin" in m]
+    assert len(warnings) == 1 and "'everything'" in warnings[0]
+    assert "ratelimits reset" in warnings[0]  # how to get back in
