@@ -31,7 +31,6 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
-from rest_framework.views import APIView
 
 from ratelimits.engine.types import Outcome, Result
 from ratelimits.pipeline import evaluation
@@ -357,7 +356,10 @@ def _left_to_us(request: Any) -> bool:
 
 def _siblings(view: Any, throttle: SimpleRateThrottle) -> list[SimpleRateThrottle]:
     """The view's other compat throttles (new instances: DRF keeps its own to itself)."""
-    if not isinstance(view, APIView):
+    # duck-typed: importing rest_framework.views here would close a cycle, as DRF imports
+    # DEFAULT_THROTTLE_CLASSES while it builds APIView
+    get_throttles = getattr(view, "get_throttles", None)
+    if not callable(get_throttles):
         return []
-    return [t for t in view.get_throttles()
+    return [t for t in get_throttles()
             if isinstance(t, SimpleRateThrottle) and type(t) is not type(throttle)]

@@ -204,3 +204,31 @@ def test_one_scope_has_one_rate(rf, caplog):
         assert throttle.allow_request(Request(rf.get("/")), view={}) is True
     assert registry.declared["drf:t-shared"].code["limit"] == 6
     assert "drf:t-shared's rate is now 6 per 60s (it was 3 per 60s)" in caplog.text
+
+
+def test_the_classes_load_when_drf_settings_name_them_in_a_fresh_process(tmp_path):
+    """As a site's settings name them: DRF imports DEFAULT_THROTTLE_CLASSES while it
+    builds APIView, so the module must not import DRF's views (a cycle: every request
+    answered 500)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "drf_compat_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        "REST_FRAMEWORK = {'DEFAULT_THROTTLE_CLASSES': [\n"
+        "    'ratelimits.compat.drf.AnonRateThrottle',\n"
+        "    'ratelimits.compat.drf.UserRateThrottle'],\n"
+        "    'DEFAULT_THROTTLE_RATES': {'anon': '5/min', 'user': '10/min'}}\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "drf_compat_settings",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    code = ("import django; django.setup()\n"
+            "from rest_framework.views import APIView\n"
+            "print([c.__name__ for c in APIView.throttle_classes])\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "['AnonRateThrottle', 'UserRateThrottle']"
