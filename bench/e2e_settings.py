@@ -6,6 +6,8 @@ BENCH_E2E_SCENARIO:
   ours     the demo as it ships: RateLimitMiddleware + PolicyThrottle, with the policies
            in the bench database
   drf      DRF's AnonRateThrottle + UserRateThrottle at BENCH_DRF_RATE, ours off
+  compat   ours with DRF's API: ratelimits.compat.drf's AnonRateThrottle +
+           UserRateThrottle at BENCH_DRF_RATE, no RateLimitMiddleware (as drf)
   thread   ours, with the async stack's decision handed to a thread by `sync_to_async`
            (as before the asyncio engine): the ASGI section's comparison
 The demo's own settings (REDIS_URL, DEMO_DB) apply as usual. The URLs are the demo's and
@@ -35,19 +37,19 @@ if SCENARIO == "ours":
 elif SCENARIO == "thread":
     MIDDLEWARE = ["bench.thread_hop.ThreadHopMiddleware" if m == _OURS else m
                   for m in MIDDLEWARE]
-elif SCENARIO in ("none", "drf"):
+elif SCENARIO in ("none", "drf", "compat"):
     MIDDLEWARE = [m for m in MIDDLEWARE if m != "ratelimits.middleware.RateLimitMiddleware"]
-    RATELIMITS = {**RATELIMITS, "ENABLED": False}
     SILENCED_SYSTEM_CHECKS = ["ratelimits.W002"]
+    if SCENARIO != "compat":  # the compat throttles decide with our engine
+        RATELIMITS = {**RATELIMITS, "ENABLED": False}
     if SCENARIO == "none":
         REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": []}
     else:
         rate = os.environ.get("BENCH_DRF_RATE", "1000000/min")
+        module = "rest_framework.throttling" if SCENARIO == "drf" else "ratelimits.compat.drf"
         REST_FRAMEWORK = {
-            "DEFAULT_THROTTLE_CLASSES": [
-                "rest_framework.throttling.AnonRateThrottle",
-                "rest_framework.throttling.UserRateThrottle",
-            ],
+            "DEFAULT_THROTTLE_CLASSES": [f"{module}.AnonRateThrottle",
+                                         f"{module}.UserRateThrottle"],
             "DEFAULT_THROTTLE_RATES": {"anon": rate, "user": rate},
         }
 else:

@@ -63,18 +63,21 @@ def _peer_cases(idents):
         both(f"limits {short}", 3, peers.limits_hits(
             strategy, ["1000000000/minute", "1000000000/hour", "1000000000/day"]))
 
-    # DRF: the hot client sends exactly its rate (see peers.drf_prefill); the random
-    # clients each have a short history.
-    for per_min in (100, 1_000, 10_000):
-        clock = peers.FakeClock(60 / per_min * (1 + 1e-6))
-        allow, throttle = peers.drf_throttle(f"{per_min}/min", scope=f"b{per_min}", clock=clock)
-        peers.drf_prefill(throttle, "203.0.113.7", clock)
-        cases[("peer", f"DRF SimpleRateThrottle {per_min:,}/min", 1, "hot")] = (
-            lambda allow=allow: allow("203.0.113.7"))
-    allow_r, _ = peers.drf_throttle("1000/min", scope="brand")
-    cases[("peer", "DRF SimpleRateThrottle 1,000/min", 1, "random")] = (
-        lambda: allow_r(rng.choice(idents)))
-    both("django-ratelimit is_ratelimited 1000/m", 1, peers.django_ratelimit_check("1000/m"))
+    # DRF, and ours with its API: the hot client sends exactly its rate (see
+    # peers.drf_prefill); the random clients each have a short history.
+    for name, module in peers.DRF_MODULES:
+        for per_min in (100, 1_000, 10_000):
+            clock = peers.FakeClock(60 / per_min * (1 + 1e-6))
+            allow, throttle = peers.drf_throttle(f"{per_min}/min", scope=f"b{per_min}",
+                                                 clock=clock, module=module)
+            peers.drf_prefill(throttle, allow, "203.0.113.7", clock)
+            cases[("peer", f"{name} {per_min:,}/min", 1, "hot")] = (
+                lambda allow=allow: allow("203.0.113.7"))
+        allow_r, _ = peers.drf_throttle("1000/min", scope="brand", module=module)
+        cases[("peer", f"{name} 1,000/min", 1, "random")] = (
+            lambda allow_r=allow_r: allow_r(rng.choice(idents)))
+    for name, module in peers.DJANGO_RATELIMIT_MODULES:
+        both(f"{name} 1000/m", 1, peers.django_ratelimit_check("1000/m", module=module))
     both("django-smart-ratelimit check_rate_limit (redis)", 1,
          peers.smart_ratelimit_check(BIG, 60))
     both("django-trafficwatch check, fixed (cache)", 1,
@@ -142,7 +145,16 @@ def run(quick: bool = False) -> Section:
         "call as DRF does per request; the hot client sends exactly its rate, so its "
         "history list is full (100, 1,000 or 10,000 timestamps, pickled and rewritten on "
         "every call), every call admitted. django-ratelimit: `is_ratelimited(..., key='ip', "
-        "increment=True)` on django-redis. django-smart-ratelimit: its decorator's core "
+        "increment=True)` on django-redis; its hot client passes 1,000 in the first 0.3 s of "
+        "a minute, so most hot calls are refusals (django-ratelimit still increments in "
+        "Redis; ours answers a refused client from the process's deny cache), and the "
+        "random clients are all admitted. `ratelimits.compat.*`: our classes with DRF's and "
+        "django-ratelimit's API, called exactly as the originals (the same throttle "
+        "subclass, rates, clock, prefill state and `is_ratelimited` arguments), each scope "
+        "or group a policy declared in code (`sliding_log` for DRF, `fixed_window` for "
+        "django-ratelimit) decided in one FCALL by the engine the app builds, on db 14. "
+        "Both get a new request per call (a copy of one RequestFactory GET), as from a "
+        "server. django-smart-ratelimit: its decorator's core "
         "`check_rate_limit(ctx, backend)` on its Redis backend (default sliding window: a "
         "sorted set of every request in the period). django-trafficwatch: its core "
         "`TrafficWatch(backend).check(request, rules)` with the default `fixed` backend "
@@ -159,7 +171,12 @@ def run(quick: bool = False) -> Section:
                   for s in peers.LIMITS_STRATEGIES)
     limits1 = max(med[("peer", f"limits {s.replace('RateLimiter', '')}", 1, "hot")]
                   for s in peers.LIMITS_STRATEGIES)
-    drf = med[("peer", "DRF SimpleRateThrottle 1,000/min", 1, "hot")]
+    (drf_name, _), (drf_ours, _) = peers.DRF_MODULES
+    drf = med[("peer", f"{drf_name} 1,000/min", 1, "hot")]
+    drf_compat = med[("peer", f"{drf_ours} 1,000/min", 1, "hot")]
+    (dr_name, _), (dr_ours, _) = peers.DJANGO_RATELIMIT_MODULES
+    dr = {n: med[("peer", f"{dr_name} 1000/m", 1, n)] for n in ("hot", "random")}
+    dr_compat = {n: med[("peer", f"{dr_ours} 1000/m", 1, n)] for n in ("hot", "random")}
     worst1 = min(med[("ours", a, 1, "hot")] for a in ALGORITHMS)
     section.checks += [
         Check(f"ours, 1 limit (`{default}`, the default) vs raw EVALSHA", ours1 / floor,
@@ -174,6 +191,13 @@ def run(quick: bool = False) -> Section:
               "strategy)", ours3 / limits3, "≥ 2.5×", ours3 / limits3 >= 2.5),
         Check(f"ours, 1 limit (`{default}`) vs DRF at 1,000/min", ours1 / drf, "reference",
               True),
+        Check("ours `compat.drf` vs DRF `SimpleRateThrottle`, 1,000/min, hot (full history)",
+              drf_compat / drf, "≥ 1.0×", drf_compat / drf >= 1.0),
+        Check("ours `compat.django_ratelimit` vs django-ratelimit `is_ratelimited`, 1000/m, "
+              "random clients (every call admitted)", dr_compat["random"] / dr["random"],
+              "≥ 1.0×", dr_compat["random"] / dr["random"] >= 1.0),
+        Check("ours `compat.django_ratelimit` vs django-ratelimit, 1000/m, hot (mostly "
+              "refusals)", dr_compat["hot"] / dr["hot"], "reference", True),
     ]
     common.flush(common.OURS_DB, common.PEERS_DB)
     return section

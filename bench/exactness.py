@@ -41,10 +41,11 @@ def _ours(algorithm: str, run: str):
 def _peer(name: str, run: str):
     peers.configure_django()
     ip = "203.0.113.7"
-    if name == "DRF SimpleRateThrottle 200/hour":
-        allow, _ = peers.drf_throttle("200/hour", scope=f"x{run}")
-    elif name == "django-ratelimit 200/h":
-        allow = peers.django_ratelimit_check("200/h", group=f"x{run}")
+    if name in DRF:
+        allow, _ = peers.drf_throttle("200/hour", scope=f"x{run}", module=DRF[name])
+    elif name in DJANGO_RATELIMIT:
+        allow = peers.django_ratelimit_check("200/h", group=f"x{run}",
+                                             module=DJANGO_RATELIMIT[name])
     elif name.startswith("limits "):
         from limits import parse
 
@@ -104,9 +105,14 @@ def _worker(scenarios, barrier, results) -> None:
         barrier.wait(60)
 
 
+#: DRF's throttle and django-ratelimit, each beside ours with its API (name: module).
+DRF = {f"{label} 200/hour": module for label, module in peers.DRF_MODULES}
+DJANGO_RATELIMIT = {f"{label} 200/h": module for label, module in peers.DJANGO_RATELIMIT_MODULES}
+#: The originals, which may over-admit, and ours with their API, which must not.
+ORIGINALS, COMPAT = zip(*(DRF, DJANGO_RATELIMIT), strict=True)
 PEERS = (
-    "DRF SimpleRateThrottle 200/hour",
-    "django-ratelimit 200/h",
+    *DRF,
+    *DJANGO_RATELIMIT,
     "limits MovingWindow",
     "limits FixedWindow",
     "limits SlidingWindowCounter",
@@ -114,6 +120,27 @@ PEERS = (
     "django-trafficwatch (fixed, cache)",
     "django-trafficwatch (redis, Lua)",
 )
+
+
+def _checks(counts: dict[str, int], peak: int) -> list[Check]:
+    """The counts that must be exact (ours, the compat layers' included), and the
+    originals' counts beside the compat layers'."""
+    checks = []
+    exact = ("sliding_log", "fixed_window", "token_bucket", "gcra")
+    for name in exact:
+        got = counts.get(name, -1)
+        checks.append(Check(f"`{name}` admitted", got, "= 200", got == LIMIT, unit=""))
+    got = counts.get("concurrency", -1)
+    checks.append(Check("`concurrency` admitted (200 slots)", got, "= 200", got == LIMIT,
+                        unit=""))
+    checks.append(Check(f"`concurrency` peak in flight (limit {IN_FLIGHT})", peak,
+                        f"≤ {IN_FLIGHT}", peak <= IN_FLIGHT, unit=""))
+    for original, ours in zip(ORIGINALS, COMPAT, strict=True):
+        got = counts.get(ours, -1)
+        checks.append(Check(f"{ours} admitted", got, "= 200", got == LIMIT, unit=""))
+        checks.append(Check(f"{original} admitted (the original, beside it)",
+                            counts.get(original, -1), "reference", True, unit=""))
+    return checks
 
 
 def run(quick: bool = False) -> Section:
@@ -164,7 +191,10 @@ def run(quick: bool = False) -> Section:
         f"{PROCESSES} spawned processes × {ATTEMPTS} attempts ({PROCESSES * ATTEMPTS:,} in "
         "all) on one client key, released together by a barrier, as fast as they can; each "
         "process has its own connections. Limit 200 per hour. Over-admission = admitted / "
-        "200. `sliding_window` admits 200 because the previous window is empty here."
+        "200. `sliding_window` admits 200 because the previous window is empty here. "
+        "`ratelimits.compat.*`: our classes with DRF's and django-ratelimit's API, called "
+        "as the originals beside them (each process its own Django and SQLite database, "
+        "the declared policy on the shared Redis)."
     )
     section.add(table(["limiter", "note", "admitted", "over-admission"], rows, "llrr"))
     section.add(
@@ -173,15 +203,7 @@ def run(quick: bool = False) -> Section:
         f"really in flight (an independent Redis counter) was **{peak}**, "
         f"{counts.get('concurrency (in flight)', 0):,} requests admitted in all."
     )
-    exact = ("sliding_log", "fixed_window", "token_bucket", "gcra")
-    for name in exact:
-        got = counts.get(name, -1)
-        section.checks.append(Check(f"`{name}` admitted", got, "= 200", got == LIMIT, unit=""))
-    got = counts.get("concurrency", -1)
-    section.checks.append(Check("`concurrency` admitted (200 slots)", got, "= 200",
-                                got == LIMIT, unit=""))
-    section.checks.append(Check(f"`concurrency` peak in flight (limit {IN_FLIGHT})", peak,
-                                f"≤ {IN_FLIGHT}", peak <= IN_FLIGHT, unit=""))
+    section.checks += _checks(counts, peak)
     common.flush(common.OURS_DB, common.PEERS_DB)
     return section
 
