@@ -191,6 +191,14 @@ class Registry:
                          "they apply with the code's figures meanwhile", exc)
         return created
 
+    def restore(self, declared: dict[str, Declaration]) -> None:
+        """Go back to `declared` (a copy of `self.declared` taken before): a test's own
+        declarations end with it, and snapshots compiled with them are built again."""
+        with self._lock:
+            self.declared = dict(declared)
+            self.generation += 1
+            self._written.clear()
+
     def forget_written(self) -> None:
         with self._lock:
             self._written.clear()

@@ -25,7 +25,6 @@ from ratelimits.compat.django_ratelimit.core import (
 )
 from ratelimits.compat.django_ratelimit.decorators import ratelimit
 from ratelimits.compat.django_ratelimit.exceptions import Ratelimited
-from ratelimits.pipeline.declared import registry
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.django_db
@@ -41,16 +40,6 @@ UNREACHABLE = {
     },
 }
 
-
-@pytest.fixture(autouse=True)
-def declarations():
-    """The limits a test declares are forgotten after it (the registry is per process)."""
-    before = dict(registry.declared)
-    registry.forget_written()
-    yield
-    registry.declared.clear()
-    registry.declared.update(before)
-    registry.forget_written()
 
 
 class MockUser:

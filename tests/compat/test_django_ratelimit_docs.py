@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from ratelimits.pipeline.declared import registry
 from tests.compat import test_django_ratelimit
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "migrating-from-django-ratelimit.md"
@@ -14,15 +13,6 @@ BLOCKS = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def declarations():
-    before = dict(registry.declared)
-    registry.forget_written()
-    yield
-    registry.declared.clear()
-    registry.declared.update(before)
-    registry.forget_written()
 
 
 def test_the_page_has_examples():

@@ -27,6 +27,17 @@ def clean_state(redis_client):
 
 
 @pytest.fixture
+def forget_declarations():
+    """The limits a test declares (decorated views, compat throttles' scopes) end with it:
+    later tests compile their snapshots without them."""
+    from ratelimits.pipeline.declared import registry
+
+    before = dict(registry.declared)
+    yield
+    registry.restore(before)
+
+
+@pytest.fixture
 def memory_store(settings):
     """Run the test on the in-process engine (a non-Redis cache)."""
     settings.RATELIMITS = {**settings.RATELIMITS, "CACHE": "local"}

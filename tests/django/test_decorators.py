@@ -56,8 +56,7 @@ def site(settings):
     settings.ROOT_URLCONF = urls
     registry.forget_written()
     yield
-    registry.declared.clear()
-    registry.declared.update(before)
+    registry.restore(before)
     registry.forget_written()
 
 
@@ -213,15 +212,6 @@ def test_a_name_taken_by_an_operators_policy_still_limits_and_says_so(client, si
 class Refused(Exception):
     """What a `raise_on_refusal` test view raises."""
 
-
-@pytest.fixture
-def forget_declarations():
-    before = dict(registry.declared)
-    registry.forget_written()
-    yield
-    registry.declared.clear()
-    registry.declared.update(before)
-    registry.forget_written()
 
 
 def test_block_false_runs_the_view_flagged_and_charges_nothing(rf, forget_declarations):

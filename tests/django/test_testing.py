@@ -142,16 +142,6 @@ def _declared_late(settings, name):
     settings.ROOT_URLCONF = urls
 
 
-@pytest.fixture
-def forget_declarations():
-    from ratelimits.pipeline.declared import registry
-
-    before = dict(registry.declared)
-    yield
-    registry.declared.clear()
-    registry.declared.update(before)
-
-
 def test_a_limit_declared_inside_limited_applies(client, settings, forget_declarations):
     with limited(LOGIN):
         assert _posts(client, 1) == [200]  # the snapshot is pinned before the declaration
