@@ -26,6 +26,8 @@ from typing import Any, TypedDict
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from ratelimits.compat.django_ratelimit import ALL, UNSAFE
@@ -67,6 +69,36 @@ def _failed_usage() -> Usage:
     return {"count": 0, "limit": 0, "should_limit": True, "time_left": -1}
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """django-ratelimit's settings, read once (cleared when a `RATELIMIT_*` setting
+    changes): a request reads them from here, not through `settings` four times."""
+
+    enable: bool
+    ip_meta_key: Any
+    ipv4_mask: int
+    ipv6_mask: int
+    fail_open: bool
+
+
+@functools.cache
+def upstream() -> Upstream:
+    return Upstream(
+        enable=getattr(settings, "RATELIMIT_ENABLE", True),
+        ip_meta_key=getattr(settings, "RATELIMIT_IP_META_KEY", None),
+        ipv4_mask=getattr(settings, "RATELIMIT_IPV4_MASK", 32),
+        ipv6_mask=getattr(settings, "RATELIMIT_IPV6_MASK", 64),
+        fail_open=bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False)),
+    )
+
+
+@receiver(setting_changed, dispatch_uid="ratelimits.compat.django_ratelimit.settings")
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("RATELIMIT_"):
+        upstream.cache_clear()
+
+
+@functools.lru_cache(maxsize=256)
 def _split_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     """`"100/10m"` -> `(100, 600)`; a `(count, seconds)` tuple as it is."""
     if isinstance(rate, tuple):
@@ -86,7 +118,8 @@ def _get_ip(request: Any) -> str:
     """The client address as django-ratelimit reads it (`RATELIMIT_IP_META_KEY`: a META
     name, a function or its dotted path; default REMOTE_ADDR), masked to its network
     (`RATELIMIT_IPV4_MASK`, default 32; `RATELIMIT_IPV6_MASK`, default 64)."""
-    meta_key = getattr(settings, "RATELIMIT_IP_META_KEY", None)
+    config = upstream()
+    meta_key = config.ip_meta_key
     if not meta_key:
         ip = request.META["REMOTE_ADDR"]
         if not ip:
@@ -102,11 +135,21 @@ def _get_ip(request: Any) -> str:
         ip = request.META[meta_key]
     else:
         raise ImproperlyConfigured(f"Could not get IP address from {meta_key!r}")
-    if ":" in ip:
-        mask = getattr(settings, "RATELIMIT_IPV6_MASK", 64)
-    else:
-        mask = getattr(settings, "RATELIMIT_IPV4_MASK", 32)
-    return str(ipaddress.ip_network(f"{ip}/{mask}", strict=False).network_address)
+    return _network(ip, config.ipv6_mask if ":" in ip else config.ipv4_mask)
+
+
+def _network(ip: str, mask: int) -> str:
+    """The network address of `ip`/`mask`, as `ip_network(..., strict=False)` gives it
+    (and raising as it does for a bad address or mask), without building a network."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        address = None
+    if (address is None or "%" in ip or not isinstance(mask, int)
+            or not 0 <= mask <= address.max_prefixlen):
+        return str(ipaddress.ip_network(f"{ip}/{mask}", strict=False).network_address)
+    drop = address.max_prefixlen - mask
+    return str(type(address)((int(address) >> drop) << drop))
 
 
 def _user_or_ip(request: Any) -> str:
@@ -190,6 +233,7 @@ def _method_match(request: Any, methods: tuple[str, ...]) -> bool:
     return not methods or request.method in methods
 
 
+@functools.lru_cache(maxsize=1024)
 def policy_name(group: str, limit: int, period: int, methods: tuple[str, ...]) -> str:
     """The policy a (group, rate, methods) is counted in: readable, valid, the same in
     every process; a group with characters a name refuses (`<locals>`), or too long,
@@ -254,7 +298,7 @@ def prepare(
         raise ImproperlyConfigured(
             "get_usage must be called with either `group` or `fn` arguments"
         )
-    if not getattr(settings, "RATELIMIT_ENABLE", True):
+    if not upstream().enable:
         return None
     methods = _methods(method)
     if not _method_match(request, methods):
@@ -291,7 +335,7 @@ class CompatSender:
 
 
 def fail_open() -> bool:
-    return bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False))
+    return upstream().fail_open
 
 
 def settle(ask: Ask, state: RequestState, verdict: Verdict | None) -> Verdict | None:
