@@ -2,13 +2,11 @@
 
 The list shows every policy's last hour; a policy's page charts its last hour and day,
 lists its top offenders and can reset one client; the dashboard shows every policy's
-sparkline. Each page reads its figures in a bounded number of pipelined round trips
-(see `ratelimits.ops.observe`), never by scanning Redis.
+sparkline. What each page shows is built in `ratelimits.ops.dashboard`.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -21,16 +19,11 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
-from ratelimits.engine.registry import LEARNED_ALGORITHMS
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
-from ratelimits.ops import charts, observe
+from ratelimits.ops import dashboard, observe
 from ratelimits.pipeline.declared import CODE_FIELDS
 from ratelimits.receivers import schedule_policies_changed
 
-logger = logging.getLogger("ratelimits")
-
-#: Figures of the pages when the store cannot be read: shown as unknown, never an error.
-UNKNOWN = "?"
 #: Fields whose form must refuse 0 itself (the model's own check would then repeat it).
 _AT_LEAST_ONE = frozenset({"limit", "period", "cost", "burst", "batch", "rollout"})
 #: The percentages "Raise the rollout" steps through.
@@ -40,22 +33,6 @@ ROLLOUT_STEPS = (1, 5, 25, 50, 100)
 def next_rollout(current: int) -> int:
     """The next step above `current` (100 stays 100)."""
     return next((step for step in ROLLOUT_STEPS if step > current), 100)
-
-
-def _read(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Read figures for a page; a store outage leaves the page up with the figures unknown."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # the admin must open even when Redis does not answer
-        logger.warning("ratelimits: could not read %s for the admin: %s", what, exc)
-        return None
-
-
-def _share(counts: observe.Counts | None) -> str:
-    if counts is None:
-        return UNKNOWN
-    share = counts.refused_share
-    return "—" if share is None else f"{100 * share:.1f}%"
 
 
 def _shown(value: Any) -> str:
@@ -133,7 +110,8 @@ class PolicyAdmin(_ModelAdmin):
     def get_changelist_instance(self, request: Any) -> Any:
         changelist = super().get_changelist_instance(request)
         shown = list(changelist.result_list)  # evaluates the page's queryset once
-        totals = _read("the last hour", observe.last_hour, [p.name for p in shown]) or {}
+        names = [p.name for p in shown]
+        totals = dashboard.read_figures("the last hour", observe.last_hour, names) or {}
         for policy in shown:
             policy._hour = totals.get(policy.name)
         return changelist
@@ -144,17 +122,9 @@ class PolicyAdmin(_ModelAdmin):
         it or the hour has some), and the refused share: one line each."""
         counts = getattr(obj, "_hour", None)
         if counts is None:
-            return UNKNOWN
-        lines = [("rl-admitted", counts.admitted, "admitted")]
-        if obj.mode == Mode.ENFORCE or counts.rejected:
-            lines.append(("rl-rejected", counts.rejected, "rejected"))
-        if obj.mode == Mode.SHADOW or counts.would_reject:
-            lines.append(("rl-would-reject", counts.would_reject, "would reject"))
-        return format_html_join(
-            mark_safe("<br>"), '<span class="{}">{}</span> {}',
-            [(cls, f"{n:,}", label) for cls, n, label in lines]
-            + [("rl-share", _share(counts), "refused")],
-        )
+            return dashboard.UNKNOWN
+        return format_html_join(mark_safe("<br>"), '<span class="{}">{}</span> {}',
+                                dashboard.hour_lines(obj, counts))
 
     # -- a policy's page: charts, offenders, reset one client --------------------------
 
@@ -179,7 +149,7 @@ class PolicyAdmin(_ModelAdmin):
         extra = dict(extra_context or {})
         policy = self.get_object(request, object_id)
         if policy is not None:
-            extra.update(observation(policy))
+            extra.update(dashboard.policy_page(policy).context())
             extra["can_reset"] = self.has_change_permission(request, policy)
         return super().change_view(request, object_id, form_url, extra)
 
@@ -194,7 +164,7 @@ class PolicyAdmin(_ModelAdmin):
         if request.method != "POST" or not self.has_change_permission(request, policy):
             raise PermissionDenied
         typed = (request.POST.get("identity") or "").strip()
-        back = reverse("admin:ratelimits_policy_change", args=[policy.pk])
+        back = _change_url(policy)
         try:
             identity = reset_client(policy, typed)
         except ValueError as exc:
@@ -216,7 +186,7 @@ class PolicyAdmin(_ModelAdmin):
                 **self.admin_site.each_context(request),
                 "title": "Rate-limit dashboard",
                 "opts": self.model._meta,
-                "rows": dashboard_rows(list(Policy.objects.all())),
+                "rows": dashboard.dashboard_rows(list(Policy.objects.all()), _change_url),
             },
         )
 
@@ -309,68 +279,8 @@ class PolicyAdmin(_ModelAdmin):
         self._switch(request, queryset, Mode.OFF)
 
 
-def observation(policy: Policy) -> dict[str, Any]:
-    """A policy page's figures: three pipelined round trips (hour, day, offenders)."""
-    name = policy.name
-    hour = _read("the last hour", observe.series, [name], 60)
-    day = _read("the last day", observe.series, [name], 24 * 60)
-    offenders = _read("the offenders", observe.offenders, name, 20)
-    context: dict[str, Any] = {"store_unreadable": hour is None or day is None}
-    if hour is not None:
-        minutes = hour[name]
-        context["hour_counts"] = sum(minutes, observe.Counts())
-        context["hour_share"] = _share(context["hour_counts"])
-        context["hour_chart"] = mark_safe(charts.line_chart(  # every text in it is escaped
-            minutes, title=f"{name}: requests per minute, last hour",
-            axis=("60 min ago", "30 min ago", "now"),
-        ))
-        context["hour_rows"] = [
-            (f"{60 - i} min ago" if i < 59 else "this minute", c)
-            for i, c in enumerate(minutes) if c.total
-        ][::-1]
-        if policy.algorithm in LEARNED_ALGORITHMS:
-            context.update(learnt_charts(name, minutes))
-    if day is not None:
-        tens = observe.buckets(day[name], 10)
-        context["day_chart"] = mark_safe(charts.line_chart(  # every text in it is escaped
-            tens, title=f"{name}: requests per 10 minutes, last 24 hours",
-            axis=("24 h ago", "12 h ago", "now"), markers_every=12,
-        ))
-    context["offenders"] = offenders
-    context["key_kind"] = policy.key.split(":", 1)[0]
-    return context
-
-
-def learnt_charts(name: str, minutes: list[observe.Counts]) -> dict[str, Any]:
-    """An adaptive policy's limit and latency over the last hour, minute by minute."""
-    axis = ("60 min ago", "30 min ago", "now")
-    return {
-        "limit_chart": mark_safe(charts.line_chart(  # every text in it is escaped
-            minutes, title=f"{name}: the limit learnt (requests in flight), last hour",
-            axis=axis, series=charts.LIMIT_SERIES)),
-        "latency_chart": mark_safe(charts.line_chart(  # every text in it is escaped
-            minutes, title=f"{name}: latency of the requests it admitted (ms), last hour",
-            axis=axis, series=charts.LATENCY_SERIES)),
-        "learnt_now": next((c for c in reversed(minutes) if c.samples), None),
-    }
-
-
-def dashboard_rows(policies: list[Policy]) -> list[dict[str, Any]]:
-    """Every policy's last hour as a sparkline and totals: one round trip in all."""
-    names = [p.name for p in policies]
-    per_minute = _read("the dashboard", observe.series, names, 60) if names else {}
-    rows = []
-    for policy in policies:
-        minutes = None if per_minute is None else per_minute.get(policy.name)
-        counts = None if minutes is None else sum(minutes, observe.Counts())
-        rows.append({
-            "policy": policy,
-            "url": reverse("admin:ratelimits_policy_change", args=[policy.pk]),
-            "counts": counts,
-            "share": _share(counts),
-            "spark": mark_safe(charts.sparkline(minutes)) if minutes else "",
-        })
-    return rows
+def _change_url(policy: Policy) -> str:
+    return reverse("admin:ratelimits_policy_change", args=[policy.pk])
 
 
 def _warn_lockout(model_admin: Any, request: Any, policies: list[Policy]) -> None:

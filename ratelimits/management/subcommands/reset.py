@@ -1,0 +1,83 @@
+"""`manage.py ratelimits reset <policy> --key <identity>`: forget one client's state
+under one policy."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ratelimits.management.subcommands.lookup import policy_named
+from ratelimits.management.subcommands.subcommand import Subcommand
+from ratelimits.models import Policy
+from ratelimits.ops import observe
+from ratelimits.ops.reset import reset_client
+from ratelimits.pipeline import store
+from ratelimits.pipeline.identity import display_identity
+from ratelimits.pipeline.resolver import compile_policy
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument("policy", help="The policy name.")
+    parser.add_argument(
+        "--key",
+        help="The client identity as logs and `status` show it (ip:203.0.113.9, user:7, "
+        "header:k-123); the bare value works too (203.0.113.9, 7).",
+    )
+
+
+def handle(command: BaseCommand, *, policy: str, key: str | None = None,
+           **_: object) -> None:
+    row = policy_named(policy)
+    _check_valid(row)
+    if not store.is_shared():
+        raise CommandError(
+            "the limits are counted inside each server process (RATELIMITS['CACHE'] is "
+            "not a Redis cache), which a management command cannot reach; restart the "
+            "server processes to forget them"
+        )
+    if key is None or not key.strip():
+        raise CommandError(
+            f"reset needs --key <identity>: ratelimits never scans Redis for all the "
+            f"clients of a policy. {_recent(row.name)}"
+        )
+    try:
+        identity = reset_client(row, key)
+    except ValueError as exc:
+        raise CommandError(f"--key {key!r}: {exc}") from exc
+    command.stdout.write(
+        f"Reset {identity} under policy {row.name} ({row.human_rate()}, "
+        f"{row.algorithm}): its next request starts afresh."
+    )
+
+
+def _check_valid(policy: Policy) -> None:
+    """CommandError when `policy` does not compile, before anything else is asked."""
+    try:
+        compile_policy(policy)
+    except (ValueError, TypeError) as exc:
+        raise CommandError(f"policy {policy.name!r} is invalid: {exc}") from exc
+
+
+def _recent(name: str) -> str:
+    """The clients the policy refused most lately, as a hint for `--key`; "" when the
+    store does not answer."""
+    try:
+        recent = observe.offenders(name, 5)
+    except Exception:  # only a hint: the error above says what matters
+        return ""
+    if not recent:
+        return "It refused no client in the last two hours."
+    shown = ", ".join(f"{display_identity(who)} ({n:,})" for who, n in recent)
+    return (
+        f"Clients it refused most in the last two hours: {shown}. "
+        f"{observe.OFFENDERS_NOTE}"
+    )
+
+
+SUBCOMMAND = Subcommand(
+    name="reset",
+    help="Forget one client's state under one policy.",
+    add_arguments=add_arguments,
+    handle=handle,
+)
