@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench screenshots clean
+.PHONY: install test test-fast lint demo bench screenshots clean
 
 # The browser test drives Debian's Chromium (never a browser downloaded by a test tool);
 # `CHROMIUM=/path/to/chromium make test` uses another binary.
@@ -23,6 +23,10 @@ install: $(STAMP)
 
 test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
+
+# The edit loop: no cluster, no server processes, no browser (the tests marked `slow`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 # The README's pictures, taken by the browser test as it walks through the admin.
 screenshots: $(STAMP) $(CHROMIUM)

@@ -78,7 +78,7 @@ def write_log(path: Path, lines: int, seed: int = 1) -> None:
 def policies():
     """Three compiled policies on every path, without Django or a database."""
     from ratelimits.engine import Limit
-    from ratelimits.pipeline.identity import parse_key
+    from ratelimits.pipeline.keykinds import parse_key
     from ratelimits.pipeline.paths import PathPattern
     from ratelimits.pipeline.resolver import CompiledPolicy
 

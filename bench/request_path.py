@@ -124,7 +124,7 @@ def _child(quick: bool) -> None:
     middleware = RateLimitMiddleware(view)
     assert middleware(rf.get("/hello/")).status_code == 200
     store = get_engine().store
-    script = store._script
+    perform = store.perform
     version = resolver.snapshot().version
     # what the batch function answers for one admitting limit (see contract.decode)
     canned_reply = [version, 1, 0, 1, 10**9 - 1, 60_000_000, 0, 0, b"a"]
@@ -140,12 +140,12 @@ def _child(quick: bool) -> None:
 
     def canned() -> None:
         # the reply canned, and no heartbeat riding along (its pipeline would call Redis)
-        store._script, beat, store.heartbeat = (lambda keys, args: canned_reply,
+        store.perform, beat, store.heartbeat = (lambda need: canned_reply,
                                                 store.heartbeat, None)
         try:
             assert middleware(rf.get("/hello/")).status_code == 200
         finally:
-            store._script, store.heartbeat = script, beat
+            store.perform, store.heartbeat = perform, beat
 
     cases = {
         VIEW: lambda: view(rf.get("/hello/")),

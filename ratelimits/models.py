@@ -89,6 +89,16 @@ def human_period(seconds: int) -> str:
     return f"{seconds} seconds"  # pragma: no cover - every integer is a multiple of 1
 
 
+class KeyField(models.CharField):  # type: ignore[type-arg]
+    """A policy's `key`: its form lists the key kinds declared now (`KEY_KINDS`), so a
+    new kind shows in the admin without a migration for the field's help text."""
+
+    def formfield(self, **kwargs: Any) -> Any:
+        from ratelimits.pipeline.keykinds import KEY_KINDS
+
+        return super().formfield(**{**kwargs, "help_text": KEY_KINDS.help_text()})
+
+
 class Policy(models.Model):
     """One rate limit: who is counted (`key`), on which requests, how many per period."""
 
@@ -169,11 +179,11 @@ class Policy(models.Model):
         help_text="Per process: each process counts alone, without a store call (a "
         "per-node safety net beside a shared limit).",
     )
-    key = models.CharField(
+    key = KeyField(
         max_length=255,
         default="ip",
-        help_text="Who is counted: ip, user, user_or_ip, global, header:<Name>, "
-        "query:<name>, post:<field> or call:<dotted.path>.",
+        help_text="Who is counted, e.g. ip, user or header:X-Api-Key; the README's "
+        "\"Keys\" lists every kind.",
     )
     path = models.CharField(
         max_length=255,
@@ -258,7 +268,7 @@ class Policy(models.Model):
         self.path = (self.path or "").strip()
         self.key = (self.key or "").strip()
 
-        from ratelimits.pipeline.identity import parse_key
+        from ratelimits.pipeline.keykinds import parse_key
         from ratelimits.pipeline.paths import PathPattern
 
         try:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ratelimits.engine import MemoryEngine
+from ratelimits.runtime import use_clock
 
 __all__ = ["Clock", "Limits", "limited"]
 
@@ -39,16 +40,30 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Clock:
-    """A clock that stands still until told: `advance(seconds)` or `freeze(at)`."""
+    """A clock that stands still until told: `advance(seconds)` or `freeze(at)`.
+
+    An implementation of `ratelimits.runtime.Clock`: installed (as `limited()` does, or
+    with `runtime.using_clock()`), the app decides at its time, measures its intervals
+    on it, and a request told to wait advances it instead of sleeping. Subclass it to
+    watch the waits (override `sleep` and `asleep`).
+    """
 
     def __init__(self, start: float | None = None) -> None:
         self._lock = threading.Lock()
         self._now = time.time() if start is None else float(start)
 
-    def now(self) -> float:
+    def time(self) -> float:
         """The time the engines decide at, in seconds since the epoch."""
         with self._lock:
             return self._now
+
+    def now(self) -> float:
+        """`time()`, by its name in `limits.clock.now()` (and `engine.acquire`'s clocks)."""
+        return self.time()
+
+    def monotonic(self) -> float:
+        """The same reading: intervals pass only as the clock is moved."""
+        return self.time()
 
     def advance(self, seconds: float) -> float:
         """Move the clock forward; returns the new time."""
@@ -67,6 +82,10 @@ class Clock:
         """What a request told to wait does under this clock: the time passes at once."""
         self.advance(max(0.0, seconds))
 
+    async def asleep(self, seconds: float) -> None:
+        """`sleep()` on the async stack."""
+        self.sleep(seconds)
+
 
 class Limits:
     """The policies, clock and counters of the test running inside `limited()`."""
@@ -74,7 +93,7 @@ class Limits:
     def __init__(self, policies: Iterable[Mapping[str, Any] | Any], clock: Clock) -> None:
         self._policies = list(policies)
         self.clock = clock
-        self._start = clock.now()
+        self._start = clock.time()
         self.engine = MemoryEngine()
         self._depth = 0
 
@@ -101,14 +120,14 @@ class Limits:
         store.install(self.engine)
 
     def __enter__(self) -> Limits:
-        from ratelimits.pipeline.state import process, reset_state
+        from ratelimits.pipeline.state import reset_state
 
         if self._depth == 0:
             reset_state()
             self.clock.freeze(self._start)  # each test decorated starts at the same time
             self.reset()
             self.use(*self._policies)
-            process.test_clock = self.clock
+            use_clock(self.clock)
         self._depth += 1
         return self
 
@@ -143,12 +162,19 @@ class Limits:
         return run  # type: ignore[return-value]
 
 
-def limited(*policies: Mapping[str, Any] | Any, at: float | None = None) -> Limits:
+def limited(
+    *policies: Mapping[str, Any] | Any, at: float | None = None, clock: Clock | None = None
+) -> Limits:
     """Rate-limit with exactly these policies, in process, at a clock you move.
 
     Each policy is a dict of `Policy` fields (`rate="5/m"` may stand for `limit` and
     `period`; `mode` is "enforce" unless given) or an unsaved `Policy`; an invalid one
-    raises the model's ValidationError. `at` starts the clock (default: now). A context
-    manager giving the `Limits`, and a decorator for test functions and classes.
+    raises the model's ValidationError. `at` starts the clock (default: now); `clock` is
+    one of your own (a `Clock` subclass that records the waits), else a new one. A
+    context manager giving the `Limits`, and a decorator for test functions and classes.
     """
-    return Limits(policies, Clock(at))
+    if clock is None:
+        clock = Clock(at)
+    elif at is not None:
+        clock.freeze(at)
+    return Limits(policies, clock)

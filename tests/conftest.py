@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 
 import pytest
 import redis
 
 from tests.redis_cluster import RedisCluster
 from tests.redis_server import RedisProcess
+
+#: Fixtures that start processes of their own (a cluster, a redis-server, the demo or a
+#: workers' site, a browser): a test that uses one is `slow`, left out of `make test-fast`.
+PROCESS_FIXTURES = frozenset({"cluster", "private_redis", "locked_cluster", "demo_env", "site",
+                              "browser_page"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that uses a fixture of `PROCESS_FIXTURES`."""
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def _claim(url: str) -> None:
@@ -57,6 +71,27 @@ def redis_client(redis_url: str) -> redis.Redis:
     client.close()
 
 
+class Database:
+    """The run's Redis database, held open for the run: emptied where a test left keys."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+
+    def empty(self) -> None:
+        """FLUSHDB, when the database holds a key (DBSIZE: one cheap round trip; most
+        Django tests never touch Redis)."""
+        if self.client.dbsize():
+            self.client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def redis_database(redis_url: str) -> Iterator[Database]:
+    """The database of `redis_url`, for fixtures that empty it only when needed."""
+    database = Database(redis_url)
+    yield database
+    database.client.close()
+
+
 @pytest.fixture
 def private_redis():
     """A redis-server of this test's own (to kill, pause or count commands on)."""
@@ -69,10 +104,10 @@ def private_redis():
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A real Redis Cluster (3 primaries, 3 replicas) of this test module's own, so a module
-    may move its slots or kill its nodes; fails, never skips, when one cannot start."""
+@contextlib.contextmanager
+def own_cluster() -> Iterator[RedisCluster]:
+    """A real Redis Cluster (3 primaries, 3 replicas), stopped on the way out; fails the
+    test, never skips it, when one cannot start."""
     try:
         started = RedisCluster().start()
     except RuntimeError as exc:
@@ -81,3 +116,60 @@ def cluster():
         yield started
     finally:
         started.stop()
+
+
+def _layout(cluster: RedisCluster) -> tuple[object, ...]:
+    """What every live node says of the slots: who serves which, migrations included.
+    A test that kills a node or moves a slot changes it."""
+    return tuple(
+        (port, sorted((view.port, view.slots) for view in cluster.nodes(port).values()
+                      if view.slots))
+        for port in sorted(cluster.live_ports())
+    )
+
+
+class SharedCluster:
+    """The run's one cluster and the slot layout it started with."""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self.cluster = cluster
+        self.layout = _layout(cluster)
+
+    def fresh(self) -> RedisCluster:
+        """The cluster as a new one is: started anew when a test changed its layout (a
+        start-up costs seconds, the check a millisecond), and every primary without keys,
+        scripts, functions or stats."""
+        try:
+            same = _layout(self.cluster) == self.layout
+        except redis.RedisError:  # a node it knew is gone
+            same = False
+        if not same:
+            self.cluster.stop()
+            try:
+                self.cluster.start()
+            except RuntimeError as exc:
+                pytest.fail(f"the cluster tests need a Redis Cluster: {exc}")
+            self.layout = _layout(self.cluster)
+        for port in self.cluster.primary_ports():
+            node = self.cluster.client(port)
+            node.flushall()
+            node.script_flush()
+            node.function_flush()
+            node.config_resetstat()
+            node.close()
+        return self.cluster
+
+
+@pytest.fixture(scope="session")
+def _session_cluster() -> Iterator[SharedCluster]:
+    with own_cluster() as started:
+        yield SharedCluster(started)
+
+
+@pytest.fixture
+def cluster(_session_cluster: SharedCluster) -> RedisCluster:
+    """A real Redis Cluster (3 primaries, 3 replicas), shared by the run and emptied for
+    each test. A test that changes the topology (kills a node, moves a slot) takes a
+    cluster of its own (`own_cluster()`); one that changed this one anyway is not seen
+    by the next test."""
+    return _session_cluster.fresh()

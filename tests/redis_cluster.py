@@ -148,7 +148,10 @@ class RedisCluster:
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.workdir, "--dbfilename", f"dump-{name}.rdb",
              "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{name}.conf",
-             "--cluster-node-timeout", str(self.node_timeout_ms), *self._tls_args(port)],
+             "--cluster-node-timeout", str(self.node_timeout_ms),
+             # a replica's first sync starts at once, not after Redis's 5 s wait for more
+             # replicas to share one transfer
+             "--repl-diskless-sync-delay", "0", *self._tls_args(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
@@ -168,7 +171,8 @@ class RedisCluster:
 
     def _wait_ping(self, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        client = self.client(port)
+        # no retries: redis-py's default backs off for seconds after a refused connection
+        client = self.client(port, retry=Retry(NoBackoff(), 0))
         while time.monotonic() < deadline:
             try:
                 if client.ping():

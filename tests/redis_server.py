@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 def free_port() -> int:
@@ -56,12 +58,18 @@ class RedisProcess:
                 "no",
                 "--dir",
                 self.workdir,
+                # a replica's first sync starts at once, not after Redis's 5 s wait for
+                # more replicas to share one transfer
+                "--repl-diskless-sync-delay",
+                "0",
                 *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        # no retries: redis-py's default backs off for seconds after a refused connection,
+        # where the server is a few milliseconds from listening
+        client = redis.Redis(port=self.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 from ratelimits.pipeline.identity import (
     MAX_IDENTITY,
     IdentityError,
-    KeySpec,
     client_ip,
     display_identity,
-    parse_key,
     parse_trusted_proxies,
     reset_proxy_warning,
 )
+from ratelimits.pipeline.keykinds import KeySpec, parse_key
 
 factory = RequestFactory()
 PROXIES = parse_trusted_proxies(["10.0.0.0/8", "2001:db8:ffff::/48"])

@@ -45,11 +45,17 @@ class _RealClock:
 
 class Acquiring:
     """`acquire()` and `aacquire()` for an engine that has `evaluate(limits, now)`, and
-    `aevaluate()`/`arelease()`: in a worker thread unless the engine awaits its store
-    natively (`Frontline` with an asyncio twin, `engine.aio`) or has none to wait for
-    (`MemoryEngine`)."""
+    `aevaluate()`/`arelease()`/`aread_version()`: in a worker thread unless the engine
+    awaits its store natively (`LocalFirst` with an asyncio twin, `engine.aio`) or has
+    none to wait for (`MemoryEngine`)."""
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        raise NotImplementedError
+
+    def release(self, decision: Decision) -> None:
+        raise NotImplementedError
+
+    def read_version(self, now: float | None = None) -> int:
         raise NotImplementedError
 
     async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
@@ -58,14 +64,11 @@ class Acquiring:
 
     async def arelease(self, decision: Decision) -> None:
         """`release()` for async code."""
-        # every engine has release(); Frontline reaches its store's through __getattr__
-        await asyncio.to_thread(self.release, decision)  # type: ignore[attr-defined]
+        await asyncio.to_thread(self.release, decision)
 
     async def aread_version(self) -> int:
         """`read_version()` for async code."""
-        # every engine has read_version(); Frontline reaches its store's as release()
-        version: int = await asyncio.to_thread(self.read_version)  # type: ignore[attr-defined]
-        return version
+        return await asyncio.to_thread(self.read_version)
 
     def acquire(self, limits: Sequence[Limit], timeout: float | None = None, *,
                 clock: Clock | None = None) -> Decision:

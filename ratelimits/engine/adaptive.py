@@ -270,6 +270,12 @@ class AdaptiveEngine:
         """`release()` for async code (in process: nothing to wait for)."""
         self.release(decision)
 
+    #: A ticket lasts until its request is released: nothing expires, nothing to renew.
+    slots_expire = False
+
+    def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
+        """Nothing to renew: a ticket lasts until `release()` (see `slots_expire`)."""
+
     def in_flight(self) -> int:
         """Requests holding tickets now, over every limiter."""
         with self._lock:

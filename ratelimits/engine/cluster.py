@@ -46,6 +46,7 @@ from ratelimits.engine.contract import (
     slot_source,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.flows import Flow, run_flow
 from ratelimits.engine.keys import (
     base_key,
     cell,
@@ -60,11 +61,11 @@ from ratelimits.engine.lease import Grant, Leftover, decode_lease, encode_lease,
 from ratelimits.engine.live import Heartbeat, live_source
 from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS, admit
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.steps import Steps, drive
 from ratelimits.engine.tally import FLUSH_EVERY, Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = [
+    "CLUSTER_UNAVAILABLE",
     "FLUSH_EVERY",
     "REFRESH_EVERY",
     "ClusterEngine",
@@ -84,10 +85,10 @@ _REDIRECTS = (NoScriptError, MovedError, AskError, TryAgainError)
 #: RedisErrors: they mean the store is out of reach, like a refused connection. So does
 #: CLUSTERDOWN (and MASTERDOWN): a node answers it while a slot has no owner it can
 #: reach, and for two seconds after a primary restarts, before it serves writes again.
-_UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException,
+CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException,
                                              ClusterDownError)
 #: What one slot's call may fail with while the other slots' calls still count.
-_UNREACHED: tuple[type[Exception], ...] = (*_UNAVAILABLE, EngineUnavailable)
+_UNREACHED: tuple[type[Exception], ...] = (*CLUSTER_UNAVAILABLE, EngineUnavailable)
 #: slot.lua's reply: admitted, now_us, then per limit the result fields and s1, s2.
 _SLOT_HEAD = 2
 _PER = FIELDS + 2
@@ -127,6 +128,12 @@ class _Call:
                  windows: list[str] | None = None) -> None:
         self.script, self.keys, self.args = script, keys, args
         self.windows = windows or []
+
+    def command(self) -> tuple[Any, ...]:
+        """The call as one command of a node's pipeline."""
+        if self.script is None:
+            return ("GET", self.keys[0])
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
 
 def _windows(prefix: str, limits: Sequence[Limit], now: float | None) -> list[str]:
@@ -195,12 +202,12 @@ class ClusterEngine(Acquiring):
         return decision
 
     def _evaluate(self, limits: Sequence[Limit], now: float | None) -> Decision:
-        decision: Decision = drive(self.deciding(limits, now), self.perform)
+        decision: Decision = run_flow(self.deciding(limits, now), self.perform)
         return decision
 
-    def deciding(self, limits: Sequence[Limit], now: float | None) -> Steps[Decision]:
-        """The decision as steps that yield each fan-out they need (`Fanout`): this
-        engine runs them with `perform`, the asyncio twin (`engine.aio`) awaits them."""
+    def deciding(self, limits: Sequence[Limit], now: float | None) -> Flow[Decision]:
+        """The decision as a flow that yields each fan-out it needs (`Fanout`): this
+        engine runs it with `perform`, the asyncio twin (`engine.aio`) awaits it."""
         token = ""
         groups: dict[int, list[int]] = {}  # slot -> indexes of its limits
         keyslot = self.client.keyslot
@@ -238,7 +245,7 @@ class ClusterEngine(Acquiring):
         return decision
 
     def perform(self, need: Fanout) -> dict[int, Any]:
-        """Run one fan-out the steps asked for, in this thread."""
+        """Run one fan-out the flow asked for, in this thread."""
         return self._fanout(need.calls, need.reached)
 
     @staticmethod
@@ -263,7 +270,7 @@ class ClusterEngine(Acquiring):
         return raw, undo, now_us
 
     def _refund_reached(self, limits: Sequence[Limit], groups: dict[int, list[int]],
-                        replies: dict[int, Any], token: str) -> Steps[None]:
+                        replies: dict[int, Any], token: str) -> Flow[None]:
         """A node was out of reach: the request is undecided, so the slots that charged
         on the nodes reached give it back (best effort: the caller fails either way)."""
         undo = {slot: reply for slot, reply in replies.items()
@@ -276,7 +283,7 @@ class ClusterEngine(Acquiring):
 
     def _refund_slots(self, limits: Sequence[Limit], groups: dict[int, list[int]],
                       undo: dict[int, list[Any]], token: str, raw: list[Any]
-                      ) -> Steps[None]:
+                      ) -> Flow[None]:
         """Give back what the admitting slots charged, at the time they charged; their
         limits' outcomes become SPARED, with the units they took counted as remaining."""
         calls: dict[int, _Call] = {}
@@ -314,17 +321,17 @@ class ClusterEngine(Acquiring):
         (the nodes at once)."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        raw = self._breaking(lambda: drive(self.reading_version(now), self.perform))
+        raw = self._breaking(lambda: run_flow(self.reading_version(now), self.perform))
         return int(raw) if raw is not None else 0
 
-    def reading_version(self, now: float | None) -> Steps[Any]:
-        """The version's GET as steps (see `deciding`); the raw value."""
+    def reading_version(self, now: float | None) -> Flow[Any]:
+        """The version's GET as a flow (see `deciding`); the raw value."""
         key = self.version_key or ""  # read_version() made sure there is one
         replies = yield from self._beating({_VERSION: _Call(None, [key], [])}, now)
         return replies[_VERSION]
 
     def _beating(self, calls: dict[int, _Call], now: float | None,
-                 reached: dict[int, Any] | None = None) -> Steps[dict[int, Any]]:
+                 reached: dict[int, Any] | None = None) -> Flow[dict[int, Any]]:
         """The fan-out of `calls`, with the heartbeat's call among them when one is due."""
         beat = self.heartbeat
         if beat is None or not beat.due():
@@ -351,7 +358,7 @@ class ClusterEngine(Acquiring):
         A node out of reach fails the whole call with EngineUnavailable, after the other
         nodes' replies were read: with `reached`, they are left there for the caller."""
         if self._stale:
-            self._refresh()
+            self.refresh()
         jobs, sent_to = self.route(calls)
         try:
             replies = self._exchange(jobs, calls)
@@ -401,7 +408,7 @@ class ClusterEngine(Acquiring):
     def _follow(self, reply: Any, call: _Call, source: Any) -> Any:
         """A slot's final reply: its call sent again where the cluster redirected it (MOVED,
         ASK, TRYAGAIN); errors raised."""
-        if isinstance(reply, _UNAVAILABLE):
+        if isinstance(reply, CLUSTER_UNAVAILABLE):
             raise reply
         if isinstance(reply, AskError) and not isinstance(reply, MovedError):
             if call.windows:  # (redis-py's MovedError is an AskError)
@@ -432,7 +439,7 @@ class ClusterEngine(Acquiring):
                                      *call.args)
             try:
                 again = pipe.execute(raise_on_error=False)
-            except _UNAVAILABLE as exc:
+            except CLUSTER_UNAVAILABLE as exc:
                 again = [exc] * len(slots)
             replies.update(zip(slots, again, strict=True))
 
@@ -500,7 +507,12 @@ class ClusterEngine(Acquiring):
                                         "moved yet; try again")
             time.sleep(_MIGRATION_POLL)
 
-    def _refresh(self) -> None:
+    @property
+    def stale(self) -> bool:
+        """Whether a node failed since the slot map was last read (`refresh()` then)."""
+        return self._stale
+
+    def refresh(self) -> None:
         """Read the slot map again (a failover or a reshard moved slots)."""
         with self._lock:
             if time.monotonic() - self._refreshed_at < REFRESH_EVERY:
@@ -508,7 +520,7 @@ class ClusterEngine(Acquiring):
             self._refreshed_at = time.monotonic()
         try:
             self.client.nodes_manager.initialize()
-        except _UNAVAILABLE as exc:
+        except CLUSTER_UNAVAILABLE as exc:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         self._stale = False
 
@@ -525,16 +537,14 @@ class ClusterEngine(Acquiring):
                 try:
                     server = self.client.get_redis_connection(node)
                     conn = server.connection_pool.get_connection()
-                except _UNAVAILABLE as exc:
+                except CLUSTER_UNAVAILABLE as exc:
                     replies.update((s, exc) for s in slots)
                     continue
                 sent.append((server, conn, slots))
                 try:
                     conn.send_packed_command(conn.pack_commands(
-                        [("GET", calls[s].keys[0]) if calls[s].script is None else
-                         ("EVALSHA", calls[s].script.sha, len(calls[s].keys),
-                          *calls[s].keys, *calls[s].args) for s in slots]))
-                except _UNAVAILABLE as exc:
+                        [calls[s].command() for s in slots]))
+                except CLUSTER_UNAVAILABLE as exc:
                     replies.update((s, exc) for s in slots)
                     broken.append(conn)
             for server, conn, slots in sent:
@@ -545,7 +555,7 @@ class ClusterEngine(Acquiring):
                         replies[slot] = server.parse_response(conn, "EVALSHA")
                     except redis.ResponseError as exc:
                         replies[slot] = exc
-                    except _UNAVAILABLE as exc:
+                    except CLUSTER_UNAVAILABLE as exc:
                         replies.update((s, exc) for s in slots[i:])
                         broken.append(conn)
                         break
@@ -612,6 +622,9 @@ class ClusterEngine(Acquiring):
         self.tally.close()
 
     # -- everything else ----------------------------------------------------------------
+
+    #: The slots of `concurrency` limits expire after their period unless renewed.
+    slots_expire = True
 
     def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds."""
@@ -776,7 +789,7 @@ class ClusterEngine(Acquiring):
     def _guard(run: Callable[[], Any]) -> Any:
         try:
             return run()
-        except _UNAVAILABLE as exc:
+        except CLUSTER_UNAVAILABLE as exc:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc

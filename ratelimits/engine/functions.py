@@ -8,7 +8,8 @@ measures both). A server without Functions (Redis 6) or a user whose ACL denies 
 the same script by EVALSHA, chosen at the first call and kept; a library the server lost
 (`FUNCTION FLUSH`, a restart without persistence, a failover to a replica that never had
 it) is loaded again by the call that meets its absence, as redis-py does for a script
-after NOSCRIPT.
+after NOSCRIPT. The call and its recovery are a flow (`flows`): the blocking engine and
+its asyncio twin run the same one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+
+from ratelimits.engine.flows import Flow
+from ratelimits.engine.transport import Command, Script
 
 __all__ = ["StoredScript", "loaded_mode", "next_step"]
 
@@ -28,50 +32,55 @@ _NO_FUNCTIONS = ("unknown command", "noperm", "no permissions")
 class StoredScript:
     """Run one script as the function `library[0]`, or by EVALSHA of `source`.
 
-    Called like a redis-py `Script`: `script(keys=..., args=...)`. `command()` gives the
+    `call()` is the call as a flow (`flows`), with its recovery; `command()` gives the
     call for a pipeline and `recover()` says whether a pipelined call that failed may be
-    run again alone.
+    run again alone. The mode learnt is one per server, shared by the engine and its
+    asyncio twin.
     """
 
-    def __init__(self, client: Any, library: tuple[str, str], source: str) -> None:
-        self.client = client
+    def __init__(self, library: tuple[str, str], source: str) -> None:
         self.name, self.code = library
-        self.script = client.register_script(source)
+        self.script = Script(source)
         #: "fcall" once the library is known loaded, "evalsha" when the server cannot
         #: run it; None until the first call finds out.
         self.mode: str | None = None
 
-    def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def call(self, keys: Sequence[Any], args: Sequence[Any]) -> Flow[Any]:
+        """The call's reply; a library the server lacks is loaded (once) first."""
         if self.mode != "evalsha":
             try:
-                return self.client.fcall(self.name, len(keys), *keys, *args)
+                return (yield Command(*self._fcall(keys, args)))
             except redis.ResponseError as exc:
-                if not self.recover(exc):
-                    raise
+                error = exc
+            if not (yield from self.recover(error)):
+                raise error
             if self.mode == "fcall":  # loaded just now
-                return self.client.fcall(self.name, len(keys), *keys, *args)
-        return self.script(keys=keys, args=args)
+                return (yield Command(*self._fcall(keys, args)))
+        return (yield from self.script.call(keys, args))
 
     def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-        """The call as a command for `pipeline.execute_command()`."""
+        """The call as a command for a pipeline."""
         if self.mode == "evalsha":
-            return ("EVALSHA", self.script.sha, len(keys), *keys, *args)
+            return self.script.command(keys, args)
+        return self._fcall(keys, args)
+
+    def _fcall(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
         return ("FCALL", self.name, len(keys), *keys, *args)
 
-    def recover(self, error: Exception) -> bool:
+    def recover(self, error: Exception) -> Flow[bool]:
         """After `error` from a call: load the library, or fall back to EVALSHA, and say
-        whether the call may be made again. Errors of the call itself return False."""
+        whether the call may be made again. Errors of the call itself give False."""
         step = next_step(error)
         if step == "evalsha":
             self.mode = "evalsha"
         elif step == "load":
-            self.load()
+            yield from self.load()
         return step is not None
 
-    def load(self) -> None:
+    def load(self) -> Flow[None]:
         """Load the library (once per server; a library already there is kept)."""
         try:
-            self.client.function_load(self.code)
+            yield Command("FUNCTION LOAD", self.code)
         except redis.ResponseError as exc:
             self.mode = loaded_mode(exc)
         else:

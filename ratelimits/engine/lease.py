@@ -16,15 +16,18 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import LEASE_ARGS, LEASE_FIELDS
+from ratelimits.engine.flows import Flow, arun_flow, run_flow
 from ratelimits.engine.keys import cell, period_us, to_us
-from ratelimits.engine.steps import adrive, drive
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
+
+if TYPE_CHECKING:
+    from ratelimits.engine.interfaces import AsyncEngine, StoreEngine
 
 __all__ = [
     "LEASE_SECONDS",
@@ -293,7 +296,7 @@ class Leases:
 
 
 def decide(
-    store: Any, book: Leases, limits: Sequence[Limit], now: float | None, at: float
+    store: StoreEngine, book: Leases, limits: Sequence[Limit], now: float | None, at: float
 ) -> tuple[Decision, Decision]:
     """Decide a request whose leased limits (`batch` set) are answered from `book`.
 
@@ -304,33 +307,34 @@ def decide(
     decision, in the request's order, and the part of it answered here (for the tally).
     Raises what the store raises; nothing is spent then.
     """
-    return drive(_deciding(book, limits, now, at),
-                 lambda call: getattr(store, call[0])(*call[1], **call[2]))
+    return run_flow(_deciding(book, limits, now, at), lambda call: call(store))
 
 
 async def adecide(
-    store: Any, book: Leases, limits: Sequence[Limit], now: float | None, at: float
+    store: AsyncEngine, book: Leases, limits: Sequence[Limit], now: float | None, at: float
 ) -> tuple[Decision, Decision]:
     """`decide()` with a store whose `lease` and `evaluate` are awaited (`engine.aio`)."""
-    return await adrive(_deciding(book, limits, now, at),
-                        lambda call: getattr(store, call[0])(*call[1], **call[2]))
+    return await arun_flow(_deciding(book, limits, now, at), lambda call: call(store))
 
 
-#: What `_deciding` asks of the store: (method name, arguments, keyword arguments).
-StoreCall = tuple[str, tuple[Any, ...], dict[str, Any]]
+#: What `_deciding` asks of the store: a call of its `lease()` or `evaluate()`, made on
+#: a blocking store (its reply) or on an asyncio one (awaited).
+StoreCall = Callable[[Union["StoreEngine", "AsyncEngine"]], Any]
 
 
 def _deciding(
     book: Leases, limits: Sequence[Limit], now: float | None, at: float
-) -> Generator[StoreCall, Any, tuple[Decision, Decision]]:
-    """`decide()`'s steps: it yields the store calls it needs and is sent their replies."""
+) -> Flow[tuple[Decision, Decision]]:
+    """`decide()` as a flow: it yields the store calls it needs (`StoreCall`) and is sent
+    their replies."""
     holds, refused = yield from _reserve(book, limits, now, at)
     others = [i for i, limit in enumerate(limits) if limit.batch is None]
     blocked = any(not limits[i].shadow for i in refused)
     stored: Decision | None = None
     if others and not blocked:
         try:
-            stored = yield ("evaluate", ([limits[i] for i in others], now), {})
+            asked = [limits[i] for i in others]
+            stored = yield _call(lambda store: store.evaluate(asked, now))
         except BaseException:
             for hold in holds.values():
                 book.cancel(hold)
@@ -367,9 +371,14 @@ def _deciding(
     return decision, Decision(allowed=admitted, results=local)
 
 
+def _call(call: StoreCall) -> StoreCall:
+    """A store call, typed as one for the flow's needs."""
+    return call
+
+
 def _reserve(
     book: Leases, limits: Sequence[Limit], now: float | None, at: float
-) -> Generator[StoreCall, Any, tuple[dict[int, Hold], dict[int, Grant]]]:
+) -> Flow[tuple[dict[int, Hold], dict[int, Grant]]]:
     """The units each leased limit reserves for this request, by index, taking new leases
     in one call where the book has too few; and the grants that brought none."""
     holds: dict[int, Hold] = {}
@@ -385,8 +394,8 @@ def _reserve(
     if not need:
         return holds, refused
     try:
-        grants = yield ("lease", ([limits[i] for i in need], now),
-                        {"back": book.leftovers()})
+        wanted, back = [limits[i] for i in need], book.leftovers()
+        grants = yield _call(lambda store: store.lease(wanted, now, back=back))
     except BaseException:
         for hold in holds.values():
             book.cancel(hold)

@@ -5,7 +5,8 @@ scored by the time of its last beat, and reads back how many processes beat with
 `LIVE_TTL`. A beat rides along with a call the process makes anyway (an evaluation or a
 version read), at most every `BEAT_EVERY` seconds, never on its own. A process that
 stops beating drops out after `LIVE_TTL`. The pipeline's `on_error="local"` divides a
-shared limit by the last count learnt.
+shared limit by the last count learnt. `beating` is the beat riding on one server's call,
+as a flow (`flows`): the engine and its asyncio twin run the same one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,21 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["BEAT_EVERY", "LIVE_TTL", "Heartbeat", "live_key", "live_source"]
+import redis
+from redis.exceptions import NoScriptError
+
+from ratelimits.engine.flows import Flow
+from ratelimits.engine.transport import Pipelined, Script
+
+__all__ = [
+    "BEAT_EVERY",
+    "LIVE_TTL",
+    "Heartbeat",
+    "beating",
+    "live_key",
+    "live_script",
+    "live_source",
+]
 
 #: Seconds between two beats of one process (a beat rides on the first call after).
 BEAT_EVERY = 2.0
@@ -37,6 +52,12 @@ def live_key(prefix: str) -> str:
 def live_source() -> str:
     """The heartbeat script (see lua/live.lua)."""
     return (resources.files("ratelimits.engine") / "lua" / "live.lua").read_text("utf-8")
+
+
+@lru_cache(maxsize=1)
+def live_script() -> Script:
+    """The heartbeat script, run by EVALSHA."""
+    return Script(live_source())
 
 
 class Heartbeat:
@@ -90,3 +111,30 @@ class Heartbeat:
     def missed(self) -> None:
         """The call carrying the beat failed: beat again with the next call."""
         self._next = -float("inf")
+
+
+def beating(beat: Heartbeat, command: tuple[Any, ...], now: float | None) -> Flow[Any]:
+    """`command` and a beat pipelined in one round trip; `command`'s reply, an error of
+    the command as its value (for the caller to recover from or raise).
+
+    The beat's count is learnt; a beat the server had no script for is loaded and sent
+    again alone (the first beat after a restart or a SCRIPT FLUSH); a beat that failed
+    is tried again with the next call.
+    """
+    script = live_script()
+    keys, args = [beat.key], beat.args(now)
+    try:
+        reply, count = yield Pipelined(command, script.command(keys, args))
+    except Exception:
+        beat.missed()
+        raise
+    if isinstance(count, NoScriptError):
+        try:
+            count = yield from script.call(keys, args)
+        except redis.RedisError as exc:
+            count = exc
+    if isinstance(count, Exception):
+        beat.missed()
+    else:
+        beat.learnt(count)
+    return reply

@@ -1,6 +1,6 @@
 """What a process decides without a round trip, in front of the store's engine.
 
-`Frontline` wraps a `RedisEngine` or `ClusterEngine` and answers in process what it can
+`LocalFirst` wraps a `RedisEngine` or `ClusterEngine` and answers in process what it can
 answer exactly:
 
 - **Remembered refusals (the deny cache).** Once an enforced limit refuses a client, the
@@ -17,7 +17,8 @@ answer exactly:
 
 Decisions answered here are counted through the store engine's tally (`count_locally`),
 so the per-minute counters, the offenders, metrics and signals see every one of them.
-Everything else the store engine offers is reached through this object unchanged.
+Everything else the store engine offers (`interfaces.StoreEngine`) is passed through by
+name, unchanged.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ratelimits.engine import lease
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.errors import EngineError
+from ratelimits.engine.interfaces import AsyncEngine, StoreEngine
 from ratelimits.engine.keys import to_us
+from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
-__all__ = ["HOLD", "DenyCache", "Frontline"]
+__all__ = ["HOLD", "DenyCache", "LocalFirst"]
 
 #: A remembered refusal is trusted at most this long (seconds): the bound on how late an
 #: edit, a reset or another process's refund is seen by a process that stopped asking.
@@ -139,27 +142,24 @@ def _same_client(a: Limit, b: Limit) -> bool:
     return a.name == b.name and a.key == b.key
 
 
-class Frontline(Acquiring):
+class LocalFirst(Acquiring):
     """A store engine with the decisions a process can make alone in front of it.
 
-    Same API as the engine it wraps (`store`); `evaluate()` answers a remembered refusal
-    in process, leased limits from the process's leases, and sends the rest to the store.
-    `clock` gives the time when `evaluate()` is not given `now` (seconds; only
-    differences matter).
+    Same API as the engine it wraps (`store`, a `StoreEngine`); `evaluate()` answers a
+    remembered refusal in process, leased limits from the process's leases, and sends the
+    rest to the store. `aio` is the store's asyncio twin (`engine.aio`), when the app
+    built one: the async calls then await the store on the event loop. `clock` gives the
+    time when `evaluate()` is not given `now` (seconds; only differences matter).
     """
 
-    def __init__(self, store: Any, *, hold: float = HOLD,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: StoreEngine, aio: AsyncEngine | None = None, *,
+                 hold: float = HOLD, clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.aio = aio
         self.clock = clock
         self.denied = DenyCache(hold)
         #: this process's leases of the limits with a `batch` (see `lease`)
         self.leases = lease.Leases()
-
-    #: The store engine's asyncio twin (`engine.aio.AsyncRedisEngine`, or
-    #: `AsyncClusterEngine`), when the app built one: `aevaluate()` then awaits the store
-    #: on the event loop.
-    aio: Any = None
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Decide a request: in process when one of its limits refused this client within
@@ -194,12 +194,14 @@ class Frontline(Acquiring):
         return decision
 
     async def arelease(self, decision: Decision) -> None:
+        """The store's `release()`, awaited on the loop when it has an asyncio twin."""
         if self.aio is None:
             await asyncio.to_thread(self.store.release, decision)
         else:
             await self.aio.release(decision)
 
     async def aread_version(self) -> int:
+        """The store's `read_version()`, awaited on the loop when it has an asyncio twin."""
         if self.aio is None:
             version: int = await asyncio.to_thread(self.store.read_version)
         else:
@@ -236,8 +238,58 @@ class Frontline(Acquiring):
             self.store.give_back(self.leases.drain())
         self.store.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # only called for what this class lacks: the store engine's other methods
-        if name == "store":  # not set yet (a copy being built): no recursion
-            raise AttributeError(name)
-        return getattr(self.store, name)
+    # -- the store's own, passed through ------------------------------------------------
+
+    @property
+    def slots_expire(self) -> bool:
+        return self.store.slots_expire
+
+    @property
+    def live_instances(self) -> int | None:
+        return self.store.live_instances
+
+    @property
+    def client(self) -> Any:
+        return self.store.client
+
+    def release(self, decision: Decision) -> None:
+        self.store.release(decision)
+
+    def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
+        self.store.renew(decisions, now)
+
+    def read_version(self, now: float | None = None) -> int:
+        return self.store.read_version(now)
+
+    def bump_version(self) -> int:
+        return self.store.bump_version()
+
+    def lease(self, limits: Sequence[Limit], now: float | None = None, *,
+              back: Sequence[Leftover] = ()) -> list[Grant]:
+        return self.store.lease(limits, now, back=back)
+
+    def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
+        return self.store.give_back(back, now)
+
+    def count_locally(self, decision: Decision, now_us: int) -> None:
+        self.store.count_locally(decision, now_us)
+
+    def count_fields(self, name: str, now_us: int, fields: Mapping[str, int]) -> None:
+        self.store.count_fields(name, now_us, fields)
+
+    def flush(self) -> None:
+        self.store.flush()
+
+    def counters(self, name: str, minute: int) -> dict[str, int]:
+        return self.store.counters(name, minute)
+
+    def counters_many(self, wanted: Sequence[tuple[str, int]]) -> list[dict[str, int]]:
+        return self.store.counters_many(wanted)
+
+    def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
+        return self.store.offenders(name, hour, n)
+
+    def offenders_many(
+        self, wanted: Sequence[tuple[str, int]], n: int = 10
+    ) -> list[list[tuple[str, int]]]:
+        return self.store.offenders_many(wanted, n)

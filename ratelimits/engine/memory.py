@@ -379,6 +379,17 @@ class MemoryEngine(Acquiring):
     async def aread_version(self) -> int:
         return self.read_version()
 
+    #: The slots of `concurrency` limits expire after their period unless renewed.
+    slots_expire = True
+
+    @property
+    def live_instances(self) -> int | None:
+        """None: no heartbeat, the state is this process's alone."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to send or to stop: the state lives and ends with the process."""
+
     def release(self, decision: Decision) -> None:
         """Free the slots an admitted decision holds."""
         holding = decision.holding()

@@ -1,10 +1,15 @@
 """The production engine: every limit of a request decided in one call on Redis (FCALL of
-the batch function, or EVALSHA of the same script where the server has no Functions)."""
+the batch function, or EVALSHA of the same script where the server has no Functions).
+
+Its calls on the request path (a decision, the version, a lease, a release) are flows
+(`flows`) that yield the Redis commands they need (`transport`): `RedisEngine` performs
+them on its blocking client, its asyncio twin (`engine.aio`) awaits the same flows."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from functools import lru_cache
+from typing import Any, TypeVar
 
 import redis
 
@@ -22,6 +27,7 @@ from ratelimits.engine.contract import (
     renew_source,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.flows import Flow, run_flow
 from ratelimits.engine.functions import StoredScript
 from ratelimits.engine.keys import (
     US,
@@ -41,8 +47,9 @@ from ratelimits.engine.lease import (
     encode_lease,
     returned_units,
 )
-from ratelimits.engine.live import Heartbeat, live_source
+from ratelimits.engine.live import Heartbeat, beating
 from ratelimits.engine.tally import Counts, Tally
+from ratelimits.engine.transport import Command, Pipelined, Script, perform
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["UNAVAILABLE_ERRORS", "RedisEngine", "batch_source"]
@@ -55,11 +62,32 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.BusyLoadingError,
 )
 
+T = TypeVar("T")
+
+
+@lru_cache(maxsize=1)
+def lease_script() -> Script:
+    """The lease script (see `lease`), run by EVALSHA."""
+    return Script(lease_source())
+
 
 def admit(breaker: CircuitBreaker | None) -> None:
     """Raise EngineUnavailable at once while `breaker` is open: no socket is touched."""
     if breaker is not None and not breaker.allow():
         raise EngineUnavailable("circuit open after repeated store failures")
+
+
+def guarded(breaker: CircuitBreaker | None, flow: Flow[T]) -> Flow[T]:
+    """`flow` behind `breaker`: it fails fast while the breaker is open; its redis errors
+    become engine errors, and tell the breaker, as its success does."""
+    admit(breaker)
+    try:
+        reply = yield from flow
+    except redis.RedisError as exc:
+        raise failed(exc, breaker) from exc
+    if breaker is not None:
+        breaker.success()
+    return reply
 
 
 def failed(exc: redis.RedisError, breaker: CircuitBreaker | None) -> EngineError:
@@ -94,33 +122,45 @@ class RedisEngine(Acquiring):
         self.breaker = breaker
         self.prefix = prefix
         self.version_key = version_key
-        self._script = StoredScript(client, batch_library(), batch_source())
+        #: The batch call, and the mode (FCALL or EVALSHA) learnt of the server: one per
+        #: server, shared with the asyncio twin.
+        self.script = StoredScript(batch_library(), batch_source())
         self._renew_script: Any = None
         self._offend_script: Any = None
         self.stats = stats
-        #: decisions made without the script (see `frontline`), counted in process
+        #: decisions made without the script (see `local_first`), counted in process
         self.tally = Tally(self._send)
         #: With a `live_key`, calls carry a heartbeat now and then (see `engine.live`).
         self.heartbeat = Heartbeat(live_key) if live_key else None
-        self._live_script: Any = None
+
+    #: The slots of `concurrency` limits expire after their period unless renewed.
+    slots_expire = True
+
+    def perform(self, need: Any) -> Any:
+        """Send one command (or pipeline) a flow needs, on this engine's client."""
+        return perform(self.client, need)
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
+        return run_flow(self.deciding(limits, now), self.perform)
+
+    def deciding(self, limits: Sequence[Limit], now: float | None) -> Flow[Decision]:
+        """`evaluate()` as a flow (run by this engine, awaited by its asyncio twin)."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
-        keys, args, token, carried = self.call_of(limits, now)
+        keys, args, token, carried = self._call_of(limits, now)
         try:
-            reply = self._run(keys, args, now)
+            reply = yield from guarded(self.breaker, self._calling(keys, args, now))
         except EngineError:
-            self.unsent(carried)
+            self._unsent(carried)
             raise
-        return self.decision_of(limits, reply, token)
+        return self._decision_of(limits, reply, token)
 
-    def call_of(
+    def _call_of(
         self, limits: Sequence[Limit], now: float | None
     ) -> tuple[list[str], list[Any], str | None, tuple[Counts, Counts] | None]:
         """KEYS and ARGV of one decision, its token, and the tallied counts riding along
-        (None: none due). Shared with the asyncio twin (`engine.aio`)."""
+        (None: none due)."""
         keys, args, token = encode(
             limits, prefix=self.prefix, now=now, version_key=self.version_key,
             stats=self.stats,
@@ -131,12 +171,12 @@ class RedisEngine(Acquiring):
             args += carry(*carried)
         return keys, args, token, carried
 
-    def unsent(self, carried: tuple[Counts, Counts] | None) -> None:
+    def _unsent(self, carried: tuple[Counts, Counts] | None) -> None:
         """The call that carried these counts failed: they wait for the next one."""
         if carried is not None:
             self.tally.restore(*carried)
 
-    def decision_of(self, limits: Sequence[Limit], reply: Any, token: str | None) -> Decision:
+    def _decision_of(self, limits: Sequence[Limit], reply: Any, token: str | None) -> Decision:
         """The script's reply as a Decision, counted in the tally."""
         try:
             decision = decode(limits, reply, versioned=bool(self.version_key), token=token)
@@ -146,67 +186,19 @@ class RedisEngine(Acquiring):
             self.tally.add(decision, reply[2])
         return decision
 
-    def _run(self, keys: list[str], args: list[Any], now: float | None = None) -> Any:
+    def _calling(self, keys: list[str], args: list[Any], now: float | None) -> Flow[Any]:
+        """The batch call, a heartbeat pipelined beside it when one is due."""
         beat = self.heartbeat
-        if beat is not None and beat.due():
-            return self._guarded(lambda: self._with_beat(
-                self._script.command(keys, args), now,
-                lambda: self._script(keys=keys, args=args), self._script.recover))
-        # The call loads the library (or the script, after NOSCRIPT) when the server
-        # lacks it, so a restarted server or a FUNCTION FLUSH costs one round trip more.
-        return self._guarded(lambda: self._script(keys=keys, args=args))
-
-    def _guarded(self, call: Any) -> Any:
-        """`call()` behind the circuit breaker, its failures as engine errors."""
-        admit(self.breaker)
-        try:
-            reply = call()
-        except redis.RedisError as exc:
-            raise failed(exc, self.breaker) from exc
-        if self.breaker is not None:
-            self.breaker.success()
-        return reply
-
-    def _with_beat(self, command: tuple[Any, ...], now: float | None, again: Any,
-                   recover: Any = None) -> Any:
-        """`command` and a heartbeat pipelined in one round trip; `command`'s reply.
-
-        `again()` runs the command alone when `recover(error)` says the error was the
-        server lacking its script or function (and has made up for it).
-        """
-        beat = self.heartbeat
-        assert beat is not None
-        if self._live_script is None:
-            self._live_script = self.client.register_script(live_source())
-        beat_args = beat.args(now)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command(*command)
-        pipe.evalsha(self._live_script.sha, 1, beat.key, *beat_args)
-        try:
-            reply, count = pipe.execute(raise_on_error=False)
-        except Exception:
-            beat.missed()
-            raise
-        if isinstance(count, redis.exceptions.NoScriptError):
-            # first beat since the server started: load the script and beat now (once)
-            count = self._beat_alone(beat_args)
-        if isinstance(count, Exception):
-            beat.missed()
-        else:
-            beat.learnt(count)
-        if isinstance(reply, Exception) and recover is not None and recover(reply):
-            return again()
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    def _beat_alone(self, beat_args: list[Any]) -> Any:
-        beat = self.heartbeat
-        assert beat is not None
-        try:
-            return self._live_script(keys=[beat.key], args=beat_args)
-        except redis.RedisError as exc:
-            return exc
+        if beat is None or not beat.due():
+            # The call loads the library (or the script, after NOSCRIPT) when the server
+            # lacks it, so a restarted server or a FUNCTION FLUSH costs one round trip more.
+            return (yield from self.script.call(keys, args))
+        reply = yield from beating(beat, self.script.command(keys, args), now)
+        if not isinstance(reply, Exception):
+            return reply
+        if (yield from self.script.recover(reply)):  # the server lacked its script
+            return (yield from self.script.call(keys, args))
+        raise reply
 
     @property
     def live_instances(self) -> int | None:
@@ -215,27 +207,41 @@ class RedisEngine(Acquiring):
 
     def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, carrying a heartbeat when one is due."""
+        return run_flow(self.reading_version(now), self.perform)
+
+    def reading_version(self, now: float | None) -> Flow[int]:
+        """`read_version()` as a flow (see `deciding`)."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        key = self.version_key
-        beat = self.heartbeat
-        if beat is not None and beat.due():
-            raw = self._guarded(lambda: self._with_beat(("GET", key), now, lambda: None))
-        else:
-            raw = self._guarded(lambda: self.client.get(key))
+        raw = yield from guarded(self.breaker, self._getting(self.version_key, now))
         return int(raw) if raw is not None else 0
+
+    def _getting(self, key: str, now: float | None) -> Flow[Any]:
+        beat = self.heartbeat
+        if beat is None or not beat.due():
+            return (yield Command("GET", key))
+        reply = yield from beating(beat, ("GET", key), now)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds (one round trip)."""
+        run_flow(self.releasing(decision), self.perform)
+
+    def releasing(self, decision: Decision) -> Flow[None]:
+        """`release()` as a flow (see `deciding`)."""
         if decision.token is None or (self.breaker and self.breaker.state != "closed"):
             return  # the slots expire by themselves after their period
-        pipe = self.client.pipeline(transaction=False)
-        for limit, members in decision.holding():
-            pipe.zrem(base_key(self.prefix, limit), *members)
+        zrems = (("ZREM", base_key(self.prefix, limit), *members)
+                 for limit, members in decision.holding())
         try:
-            pipe.execute()
+            replies = yield Pipelined(*zrems)
         except UNAVAILABLE_ERRORS as exc:
             raise EngineUnavailable(str(exc)) from exc
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     def bump_version(self) -> int:
         """Tell every process that the policies changed; returns the new version."""
@@ -374,8 +380,6 @@ class RedisEngine(Acquiring):
 
     # -- leases (see engine/lease.py) -------------------------------------------------
 
-    _lease_script: Any = None  # built on first use: most sites lease nothing
-
     def lease(
         self,
         limits: Sequence[Limit],
@@ -389,10 +393,14 @@ class RedisEngine(Acquiring):
 
         Raises EngineUnavailable when the store is out of reach, like `evaluate()`.
         """
+        return run_flow(self.leasing(limits, now, back), self.perform)
+
+    def leasing(self, limits: Sequence[Limit], now: float | None,
+                back: Sequence[Leftover]) -> Flow[list[Grant]]:
+        """`lease()` as a flow (see `deciding`)."""
         if not limits and not back:
             return []
-        keys, args = encode_lease(self.prefix, limits, back, now)
-        reply = self._run_lease(keys, args)
+        reply = yield from self._lease_call(limits, back, now)
         try:
             return decode_lease(limits, back, reply)
         except ValueError as exc:
@@ -403,18 +411,18 @@ class RedisEngine(Acquiring):
         count. Returns the units taken back."""
         if not back:
             return 0
-        keys, args = encode_lease(self.prefix, (), back, now)
-        reply = self._run_lease(keys, args)
+        reply = run_flow(self._lease_call((), back, now), self.perform)
         try:
             decode_lease((), back, reply)
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
         return returned_units(back, reply)
 
-    def _run_lease(self, keys: list[str], args: list[Any]) -> Any:
-        if self._lease_script is None:
-            self._lease_script = self.client.register_script(lease_source())
-        return self._guarded(lambda: self._lease_script(keys=keys, args=args))
+    def _lease_call(self, limits: Sequence[Limit], back: Sequence[Leftover],
+                    now: float | None) -> Flow[Any]:
+        keys, args = encode_lease(self.prefix, limits, back, now)
+        return (yield from guarded(self.breaker, lease_script().call(keys, args)))
+
 
 def _text(raw: bytes | str) -> str:
     return raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw

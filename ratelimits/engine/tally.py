@@ -3,7 +3,7 @@
 Every decision is counted here, in memory, not by the script that decides it: a
 `HINCRBY` per policy per request cost the script more than the decision itself, and the
 decisions a cluster makes per slot (a slot's script may not touch the counters' keys) or
-the process answers by itself (`frontline`: a remembered refusal, a leased unit) never
+the process answers by itself (`local_first`: a remembered refusal, a leased unit) never
 reach a script anyway. The counts of one policy and minute add up in one entry, so a
 busy process sends one increment per policy and outcome a second, however many requests
 it served. An engine whose call can carry them takes them (`take`) once they are `due()`

@@ -23,6 +23,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
+from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.engine.types import Outcome
 
@@ -172,6 +173,15 @@ def _decide(config: Mapping[str, Any]) -> Recorder | None:
         recorder = _default
     _state = (config, recorder)
     return recorder
+
+
+@runtime.on_reset
+def _forget() -> None:
+    """Work out again whether metrics are on, and log the next failure. `_default` stays:
+    its metrics are registered in prometheus_client's registry, once per process."""
+    global _state, _failure_logged
+    _state = (None, None)
+    _failure_logged = False
 
 
 def available() -> bool:

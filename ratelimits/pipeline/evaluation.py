@@ -12,7 +12,6 @@ at it.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -25,15 +24,16 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.functional import SimpleLazyObject, empty
 from django.utils.module_loading import import_string
 
+from ratelimits import runtime
 from ratelimits.conf import get_config
-from ratelimits.engine import steps
+from ratelimits.engine import flows
 from ratelimits.engine.errors import EngineError
-from ratelimits.engine.steps import adrive, drive
+from ratelimits.engine.flows import arun_flow, run_flow
 from ratelimits.engine.types import Decision
 from ratelimits.ops.metrics import recorder_for
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.fallback import fallback
-from ratelimits.pipeline.identity import CALLING_KINDS, USER_KINDS
+from ratelimits.pipeline.keykinds import KEY_KINDS
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.report import (
     deferred_signals,
@@ -179,15 +179,15 @@ class _User:
         self.request = request
 
 
-Steps = steps.Steps[Any]
+Steps = flows.Flow[Any]
 
 
 def _run(steps: Steps) -> Any:
-    return drive(steps, _perform)
+    return run_flow(steps, _perform)
 
 
 async def _arun(steps: Steps) -> Any:
-    return await adrive(steps, _aperform)
+    return await arun_flow(steps, _aperform)
 
 
 def _perform(need: Any) -> Any:
@@ -246,7 +246,7 @@ def _evaluate(
     snap = resolver.ready()
     if snap is None:
         snap = yield _Blocking(resolver.snapshot)
-    if process.clock() - process.db_checked_at >= DB_CHECK_EVERY:
+    if runtime.clock().monotonic() - process.db_checked_at >= DB_CHECK_EVERY:
         snap = yield _Blocking(resolver.recheck, snap)
     return (yield from _decide(request, state, snap, method, scopes, sender, config))
 
@@ -275,9 +275,9 @@ def _decide(
                                    second_pass=True))
 
     kinds = {p.key_spec.kind for p in policies}
-    if kinds & USER_KINDS:
+    if kinds & KEY_KINDS.reads_user:
         yield _User(request)
-    if kinds & CALLING_KINDS or (config["TIER"] and any(p.overrides for p in policies)):
+    if kinds & KEY_KINDS.calls_code or (config["TIER"] and any(p.overrides for p in policies)):
         planned, failed = yield _Blocking(plan, request, policies, config, state,
                                           snap.members)
     else:
@@ -309,12 +309,11 @@ def _decide(
 
 
 def _now(state: RequestState) -> float | None:
-    """The time to decide at: the request's own (`RequestState.now`), a test's clock
-    (`ratelimits.testing`), else the engine's."""
+    """The time to decide at: the request's own (`RequestState.now`), else the installed
+    clock's (`runtime.decision_time()`: None under the real one, the engine's)."""
     if state.now is not None:
         return state.now
-    clock = process.test_clock
-    return None if clock is None else float(clock.now())
+    return runtime.decision_time()
 
 
 #: `_decide_shared`'s decision when the store was out of reach (on_error decided).
@@ -415,8 +414,8 @@ def _newer_snapshot(
     `VERSION_EVERY` per process.
     """
     if version is not None:
-        process.version_at = process.clock()
-    elif process.clock() - process.version_at < VERSION_EVERY:
+        process.version_at = runtime.clock().monotonic()
+    elif runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
         return None
     else:
         version = yield from _read_version(config)
@@ -436,13 +435,13 @@ def _read_version(config: Mapping[str, Any]) -> Steps:
     old; None when it is younger, another request is reading it, or the store failed.
     One request reads at a time (awaited on the event loop under ASGI): the others go
     on with the snapshot they have."""
-    if process.clock() - process.version_at < VERSION_EVERY:
+    if runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
         return None
     lock = process.version_lock
     if not lock.acquire(blocking=False):
         return None
     try:
-        if process.clock() - process.version_at < VERSION_EVERY:
+        if runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
             return None  # read by another thread meanwhile
         try:
             return int((yield _Version(get_engine())))
@@ -450,7 +449,7 @@ def _read_version(config: Mapping[str, Any]) -> Steps:
             log_unavailable(exc, config)
             return None
         finally:
-            process.version_at = process.clock()  # failed too: try again a second later
+            process.version_at = runtime.clock().monotonic()  # failed too: again a second later
     finally:
         lock.release()
 
@@ -612,18 +611,11 @@ async def await_turn(verdict: Verdict) -> Verdict:
 
 
 def sleep(seconds: float) -> None:
-    """Hold an admitted, delayed request (a test's clock is advanced instead)."""
-    clock = process.test_clock
-    if clock is not None:
-        clock.sleep(seconds)
-    else:
-        time.sleep(seconds)
+    """Hold an admitted, delayed request, on the installed clock (a test's clock moves
+    instead)."""
+    runtime.clock().sleep(seconds)
 
 
 async def asleep(seconds: float) -> None:
     """The async stack's `sleep`: the event loop serves others meanwhile."""
-    clock = process.test_clock
-    if clock is not None:
-        clock.sleep(seconds)
-    else:
-        await asyncio.sleep(seconds)
+    await runtime.clock().asleep(seconds)

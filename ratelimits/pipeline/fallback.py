@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ratelimits.engine.types import Limit
 from ratelimits.pipeline.report import log_unavailable
@@ -20,6 +20,9 @@ from ratelimits.pipeline.verdict import (
 )
 from ratelimits.pipeline.watchdog import hold
 
+if TYPE_CHECKING:
+    from ratelimits.engine.interfaces import Engine
+
 
 def fallback(
     request: Any,
@@ -29,7 +32,7 @@ def fallback(
     exc: Exception,
     sender: type,
     config: Mapping[str, Any],
-    engine: Any = None,
+    engine: Engine | None = None,
 ) -> Verdict:
     """`deny` refuses with a 503, `local` decides in process, `allow` admits.
 
@@ -58,11 +61,11 @@ def fallback(
     return judge(request, state, local, decision, (), sender, config, prior=undecided)
 
 
-def live_instances(engine: Any, config: Mapping[str, Any]) -> int:
+def live_instances(engine: Engine | None, config: Mapping[str, Any]) -> int:
     """How many processes share the limits: the live count the store's engine learnt at
-    its last heartbeat, else (no contact yet) `INSTANCES`."""
-    live = getattr(engine, "live_instances", None) if engine is not None else None
-    return live if isinstance(live, int) and live >= 1 else int(config["INSTANCES"])
+    its last heartbeat, else (no contact yet, or no heartbeat) `INSTANCES`."""
+    live = None if engine is None else engine.live_instances
+    return live if live is not None and live >= 1 else int(config["INSTANCES"])
 
 
 def local_share(limit: Limit, instances: int) -> Limit:

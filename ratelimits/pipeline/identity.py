@@ -1,4 +1,6 @@
-"""Who is the client: policy key specs, and the client IP behind trusted proxies.
+"""Who is the client: the client IP behind trusted proxies, the user, a key function's
+value, and identities bounded for keys and logs. The key kinds built on these readers
+are declared in `keykinds`.
 
 Nothing here imports Django: requests are read through duck typing (`META`, `GET`,
 `user`), so both Django `HttpRequest` and DRF `Request` objects work.
@@ -14,18 +16,24 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from ratelimits import runtime
 
 __all__ = [
     "DEFAULT_PROXY_HEADER",
     "IdentityError",
-    "KeySpec",
+    "bounded",
+    "call_function",
+    "call_reader",
     "client_ip",
     "display_identity",
+    "form_field",
     "is_header_name",
-    "parse_key",
+    "meta_name",
     "parse_trusted_proxies",
+    "register_reader",
+    "user_pk",
 ]
 
 logger = logging.getLogger("ratelimits")
@@ -38,19 +46,7 @@ _MAX_HOPS = 64
 _MAX_HEADER = 8192  # read from the right: the hops nearest to us are the trustworthy ones
 _MAX_DISPLAY = 80
 
-KINDS = ("ip", "user", "user_or_ip", "global", "header", "query", "post", "call", "code")
-_SIMPLE = frozenset({"ip", "user", "user_or_ip", "global"})
-#: The kinds that read `request.user`.
-USER_KINDS = frozenset({"user", "user_or_ip"})
-_USAGE = ("use ip, user, user_or_ip, global, header:<Name>, query:<name>, post:<field> or "
-          "call:<dotted.path>")
-#: The kinds that call a function of the user's (`call:`, and `code:`, a function given to
-#: `@ratelimit(key=...)` in code): they may block, so the async stack runs them in a thread.
-CALLING_KINDS = frozenset({"call", "code"})
-#: Other spellings of a kind: django-ratelimit's `get:` is our `query:`.
-_ALIASES = {"get": "query"}
 _TOKEN = re.compile(r"[!#$%&'*+\-.^`|~0-9A-Za-z]+")  # RFC 9110 token, minus '_' (see below)
-_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", re.ASCII)
 # Django does not give these two the HTTP_ prefix in META.
 _UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})
 # The header a trusted proxy names the client in: what almost every proxy sets.
@@ -100,7 +96,7 @@ def client_ip(
         # Only a trusted peer may speak for someone else, and only in the header it sets:
         # a header the proxy passes through untouched is whatever the client wrote.
         name = proxy_header.lower()
-        value = meta.get(_meta_name(name))
+        value = meta.get(meta_name(name))
         text = value if isinstance(value, str) else ""
         if name == "forwarded":
             hops = (_forwarded_for(e) for e in _rightmost(text))
@@ -118,7 +114,8 @@ def client_ip(
 
 
 @functools.lru_cache(maxsize=256)
-def _meta_name(header: str) -> str:
+def meta_name(header: str) -> str:
+    """The META key of an HTTP header name ("x-api-key" -> "HTTP_X_API_KEY")."""
     name = header.upper().replace("-", "_")
     return name if name in _UNPREFIXED else "HTTP_" + name
 
@@ -144,14 +141,14 @@ class _OtherHeaderWarning:
         if self.warned:
             return
         other = _PAIRED[read]
-        ignored = meta.get(_meta_name(other))
+        ignored = meta.get(meta_name(other))
         if not (isinstance(ignored, str) and ignored.strip()):
             return
         with self._lock:
             if self.warned:
                 return
             self.warned = True
-        used = meta.get(_meta_name(read))
+        used = meta.get(meta_name(read))
         logger.warning(
             "ratelimits: trusted proxy %s sent %s: %s, which is not read: "
             "RATELIMITS['PROXY_HEADER'] is %r (%s: %s). If your proxy sets %s, set "
@@ -172,6 +169,7 @@ class _OtherHeaderWarning:
 
 
 _other_header = _OtherHeaderWarning()
+runtime.on_reset(_other_header.reset)
 
 
 def reset_proxy_warning() -> None:
@@ -248,125 +246,8 @@ def _format(address: Address, ipv6_prefix: int) -> str:
     return f"{network.network_address}/{ipv6_prefix}"
 
 
-def _header_name(arg: str) -> str | None:
-    if "_" in arg:
-        # Django folds '-' and '_' together in META, and servers drop '_' headers.
-        return f"header name {arg!r} contains '_'; write '-', e.g. header:X-Api-Key"
-    if not _TOKEN.fullmatch(arg):
-        return (
-            f"header name {arg!r} is not a valid HTTP header name; use letters, digits "
-            "and '-', e.g. header:X-Api-Key"
-        )
-    return None
-
-
-def _query_name(arg: str) -> str | None:
-    if any(c.isspace() for c in arg):
-        return f"query parameter name {arg!r} contains whitespace; remove it"
-    return None
-
-
-def _code_name(arg: str) -> str | None:
-    if arg.strip() != arg or not arg:
-        return f"code:{arg!r} must name a limit declared in code, without spaces around it"
-    return None
-
-
-def _dotted_path(arg: str) -> str | None:
-    if not _DOTTED.fullmatch(arg):
-        return (
-            f"{arg!r} is not a dotted Python path; write module.function, "
-            "e.g. call:myapp.keys.tenant"
-        )
-    return None
-
-
-#: The keys that take an argument: what to write when it is missing, and its check
-#: (None when the argument is fine, else what to fix).
-_WITH_ARGUMENT: dict[str, tuple[str, Callable[[str], str | None]]] = {
-    "header": ("header: needs a header name, e.g. header:X-Api-Key", _header_name),
-    "query": ("query: needs a query parameter name, e.g. query:api_key", _query_name),
-    "post": ("post: needs a form field name, e.g. post:username", _query_name),
-    "call": ("call: needs a dotted path to a function, e.g. call:myapp.keys.tenant", _dotted_path),
-    "code": ("code: needs the name of a limit declared in code with a key function",
-             _code_name),
-}
-
-
-def parse_key(spec: str) -> KeySpec:
-    """Parse a policy `key` such as `ip` or `header:X-Api-Key`; ValueError says what to fix."""
-    if not isinstance(spec, str):
-        raise ValueError(f"key must be text, got {type(spec).__name__}; {_USAGE}")
-    text = spec.strip()
-    if not text:
-        raise ValueError(f"key is empty; {_USAGE}")
-    kind, sep, arg = text.partition(":")
-    kind = _ALIASES.get(kind.lower(), kind.lower())
-    if kind in _SIMPLE:
-        if sep:
-            raise ValueError(f"key {kind!r} takes no argument; write just {kind}")
-        return KeySpec(kind)
-    if kind not in _WITH_ARGUMENT:
-        raise ValueError(f"unknown key {text!r}; {_USAGE}")
-    missing, check = _WITH_ARGUMENT[kind]
-    problem = check(arg) if arg else missing
-    if problem:
-        raise ValueError(problem)
-    return KeySpec(kind, arg)
-
-
-@dataclass(frozen=True)
-class KeySpec:
-    """A parsed policy key: `kind` ("ip", "header", ...) and its `arg` (or "")."""
-
-    kind: str
-    arg: str = ""
-
-    def identify(
-        self,
-        request: Any,
-        *,
-        trusted_proxies: Sequence[Network] = (),
-        ipv6_prefix: int = 64,
-        proxy_header: str = DEFAULT_PROXY_HEADER,
-    ) -> str | None:
-        """The client identity for this key, or None when the policy does not apply."""
-        http = getattr(request, "_request", request)
-        kind = self.kind
-        if kind == "global":
-            return "global"
-        if kind in USER_KINDS:
-            user = _user_identity(request)
-            if user is not None or kind == "user":
-                return user
-            kind = "ip"
-        if kind == "ip":
-            address = client_ip(_meta(http), trusted_proxies, ipv6_prefix, proxy_header)
-            return None if address is None else _bounded("ip", address)
-        if kind == "header":
-            value = _meta(http).get(_meta_name(self.arg.lower()))
-        elif kind == "query":
-            query = getattr(http, "GET", None)
-            value = query.get(self.arg) if query is not None else None
-        elif kind == "post":
-            value = _form_field(http, self.arg)
-        elif kind == "code":
-            value = _call_reader(self.arg, request)
-        else:
-            value = _call(self.arg, request)
-        if value is None:
-            return None
-        value = value if isinstance(value, str) else str(value)
-        value = value.strip()
-        return _bounded(kind, value) if value else None
-
-
-def _meta(http: Any) -> Mapping[str, Any]:
-    meta = getattr(http, "META", None)
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _user_identity(request: Any) -> str | None:
+def user_pk(request: Any) -> str | None:
+    """The authenticated user's pk as text (what a `user` key counts by), or None."""
     try:
         user = getattr(request, "user", None)
         if user is None or not getattr(user, "is_authenticated", False):
@@ -376,10 +257,10 @@ def _user_identity(request: Any) -> str | None:
         raise IdentityError(f"reading request.user raised {type(exc).__name__}: {exc}") from exc
     if pk is None:
         raise IdentityError("the authenticated user has no pk to count it by")
-    return _bounded("user", str(pk))
+    return str(pk)
 
 
-def _form_field(http: Any, name: str) -> Any:
+def form_field(http: Any, name: str) -> Any:
     """A field of the request's form body (`request.POST`); None without one. A body
     Django refuses to parse (too many fields, read already as a stream) identifies no one
     and is logged as such: the policy is not decided for this request."""
@@ -404,7 +285,8 @@ def register_reader(name: str, reader: Callable[[Any], Any]) -> None:
     _readers[name] = reader
 
 
-def _call_reader(name: str, request: Any) -> Any:
+def call_reader(name: str, request: Any) -> Any:
+    """What the key function declared in code as `name` gives for `request`."""
     reader = _readers.get(name)
     if reader is None:
         raise IdentityError(
@@ -419,7 +301,8 @@ def _call_reader(name: str, request: Any) -> Any:
     return value if value is None or isinstance(value, str) else str(value)
 
 
-def _call(path: str, request: Any) -> Any:
+def call_function(path: str, request: Any) -> Any:
+    """What the function at the dotted `path` (a `call:` key) gives for `request`."""
     function = _load(path)
     try:
         value = function(request)
@@ -437,6 +320,9 @@ def _load_cached(path: str) -> Callable[[Any], Any]:
     return function  # type: ignore[no-any-return]  # any callable of the user's
 
 
+runtime.on_reset(_load_cached.cache_clear)  # a test may replace the function a path names
+
+
 def _load(path: str) -> Callable[[Any], Any]:
     """Import lazily (not at parse time) and once; failures are retried on the next call."""
     try:
@@ -447,7 +333,7 @@ def _load(path: str) -> Callable[[Any], Any]:
         ) from exc
 
 
-def _bounded(kind: str, value: str) -> str:
+def bounded(kind: str, value: str) -> str:
     """`kind:value`, or `kind:h:<digest>` when the value is long or not printable ASCII."""
     identity = f"{kind}:{value}"
     if (
@@ -458,40 +344,6 @@ def _bounded(kind: str, value: str) -> str:
         raw = value.encode("utf-8", "surrogatepass")
         return f"{kind}:h:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
     return identity
-
-
-def identity_from_text(kind: str, value: str, ipv6_prefix: int = 64) -> str:
-    """The identity a request would get under a `kind` key, from what an operator typed:
-    an identity as logs and the admin show it ("ip:203.0.113.7", "user:42", "ip:h:...")
-    or a bare value ("2001:db8::1" counts as its /64, as requests do). Raises ValueError
-    with a message for the operator when the value cannot be such an identity."""
-    import ipaddress
-
-    text = value.strip()
-    if kind == "global":
-        if text not in ("global", ""):
-            raise ValueError("this policy counts everyone together: the client is 'global'")
-        return "global"
-    kinds = ("user", "ip") if kind == "user_or_ip" else (kind,)
-    prefix, sep, rest = text.partition(":")
-    if sep and prefix in kinds:
-        if rest.startswith("h:"):
-            return text  # already a hashed identity, as the admin and logs show it
-        kind, text = prefix, rest
-    elif kind == "user_or_ip":
-        try:
-            ipaddress.ip_address(text.split("/", 1)[0])
-            kind = "ip"
-        except ValueError:
-            kind = "user"
-    if kind == "ip":
-        address = client_ip({"REMOTE_ADDR": text.split("/", 1)[0]}, (), ipv6_prefix)
-        if address is None:
-            raise ValueError(f"{value!r} is not an IP address (e.g. 203.0.113.9)")
-        return f"ip:{address}"
-    if not text:
-        raise ValueError("the client is empty")
-    return _bounded(kind, text)
 
 
 def display_identity(identity: str) -> str:

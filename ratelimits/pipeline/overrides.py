@@ -26,14 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits.engine.types import Limit
-from ratelimits.pipeline.identity import USER_KINDS, identity_from_text
+from ratelimits.pipeline.keykinds import KEY_KINDS, identity_from_text, parse_key
 
 __all__ = ["Match", "OverrideTable", "Rule", "parse_match"]
 
 #: The match kinds that name a set of clients rather than one identity.
 GROUP, TIER = "group", "tier"
-_USER_KEYS = USER_KINDS
-_IP_KEYS = frozenset({"ip", "user_or_ip"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +43,26 @@ class Match:
 
 
 def parse_match(key: str, text: str, ipv6_prefix: int = 64) -> Match:
-    """`text` as a match for a policy keyed on `key`; ValueError saying what to write."""
-    kind = key.split(":", 1)[0]
+    """`text` as a match for a policy keyed on `key`; ValueError saying what to write (or
+    what is wrong with `key`)."""
+    kind = KEY_KINDS[parse_key(key).kind]
     text = (text or "").strip()
     what, sep, value = text.partition(":")
     if not sep or not value.strip():
-        raise ValueError(f"write the kind and the value, e.g. {_example(kind)}")
+        raise ValueError(f"write the kind and the value, e.g. {kind.match_example}")
     value = value.strip()
     if what == GROUP:
-        if kind not in _USER_KEYS:
-            raise ValueError(f"group: matches users; this policy counts by {kind}, "
-                             f"so write e.g. {_example(kind)} or tier:<name>")
+        if not kind.reads_user:
+            raise ValueError(f"group: matches users; this policy counts by {kind.name}, "
+                             f"so write e.g. {kind.match_example} or tier:<name>")
         return Match(GROUP, value)
     if what == TIER:
         return Match(TIER, value)
-    if what == "ip" and kind in _IP_KEYS and "/" in value:
+    if what == "ip" and kind.name in KEY_KINDS.by_ip and "/" in value:
         return Match("network", _network(value, ipv6_prefix))
-    allowed = ("user", "ip") if kind == "user_or_ip" else (kind,)
-    if what not in allowed:
-        raise ValueError(f"this policy counts by {key}: write e.g. {_example(kind)}, "
-                         f"{GROUP + ':<Django group> or ' if kind in _USER_KEYS else ''}"
+    if what not in kind.identity_kinds:
+        raise ValueError(f"this policy counts by {key}: write e.g. {kind.match_example}, "
+                         f"{GROUP + ':<Django group> or ' if kind.reads_user else ''}"
                          f"tier:<name>")
     return Match("exact", identity_from_text(what, value, ipv6_prefix))
 
@@ -79,12 +77,6 @@ def _network(value: str, ipv6_prefix: int) -> ipaddress.IPv4Network | ipaddress.
         raise ValueError(f"IPv6 clients are counted per /{ipv6_prefix} (IPV6_PREFIX): "
                          f"write a prefix of /{ipv6_prefix} or shorter")
     return network
-
-
-def _example(kind: str) -> str:
-    return {"ip": "ip:203.0.113.7 or ip:203.0.113.0/24", "user": "user:42",
-            "user_or_ip": "user:42 or ip:203.0.113.0/24", "global": "tier:<name>"}.get(
-                kind, f"{kind}:<value>")
 
 
 @dataclass(frozen=True, slots=True)

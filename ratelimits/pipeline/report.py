@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from ratelimits import signals
+from ratelimits import runtime, signals
 from ratelimits.pipeline.state import http_request, process
 
 logger = logging.getLogger("ratelimits")
@@ -110,7 +110,7 @@ def log_unexpected(request: Any) -> None:
 
 def log_unavailable(exc: Exception, config: Mapping[str, Any]) -> None:
     """Once per breaker cool-down: an outage is news, each request during it is not."""
-    now = process.clock()
+    now = runtime.clock().monotonic()
     last = process.last_unavailable_log
     if last == 0.0 or now - last >= config["BREAKER_COOLDOWN"]:
         process.last_unavailable_log = now

@@ -17,11 +17,11 @@ import dataclasses
 import hashlib
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Limit
@@ -87,7 +87,7 @@ class CompiledPolicy:
     name: str
     mode: str
     key: str  # as written: "ip", "header:X-Api-Key"
-    key_spec: Any  # ratelimits.pipeline.identity.KeySpec
+    key_spec: Any  # ratelimits.pipeline.keykinds.KeySpec
     pattern: Any  # ratelimits.pipeline.paths.PathPattern
     methods: frozenset[str]  # empty: every method
     scope: str  # "": not tied to a DRF scope
@@ -170,7 +170,7 @@ def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy
     """Parse one `Policy` row and its `Override` rows; ValueError when the policy is
     invalid (saved around clean()); an invalid override is skipped."""
     from ratelimits.models import split_methods
-    from ratelimits.pipeline.identity import parse_key
+    from ratelimits.pipeline.keykinds import parse_key
     from ratelimits.pipeline.paths import PathPattern
 
     return CompiledPolicy(
@@ -384,9 +384,9 @@ class Resolver:
         if not lock.acquire(blocking=False):
             return snap
         try:
-            if process.clock() - process.db_checked_at < DB_CHECK_EVERY:
+            if runtime.clock().monotonic() - process.db_checked_at < DB_CHECK_EVERY:
                 return snap  # read by another thread meanwhile
-            process.db_checked_at = process.clock()
+            process.db_checked_at = runtime.clock().monotonic()
             try:
                 seen = table_fingerprint()
             except Exception as exc:  # the database is down ...: the snapshot stays
@@ -416,21 +416,21 @@ class Resolver:
 
     def _rebuild(self, version: int | None, *, wait: bool) -> Snapshot:
         current = self._snapshot
-        if current is not None and time.monotonic() < self._retry_at:
+        if current is not None and runtime.clock().monotonic() < self._retry_at:
             return current
         if not self._lock.acquire(timeout=-1 if wait else WAIT_FOR_RELOAD):
             return current if current is not None else Snapshot(version=None)
         try:
             if self._snapshot is not current:  # another thread rebuilt meanwhile
                 return self._snapshot  # type: ignore[return-value]
-            if current is not None and time.monotonic() < self._retry_at:
+            if current is not None and runtime.clock().monotonic() < self._retry_at:
                 return current  # ... and failed: retry later, not once per waiting thread
             try:
                 self._stale = False
                 new = load_snapshot(version)
-                process.db_checked_at = process.clock()  # the tables were just read
+                process.db_checked_at = runtime.clock().monotonic()  # the tables were just read
             except Exception as exc:  # the database is down, a migration is missing ...
-                self._retry_at = time.monotonic() + RETRY_AFTER_FAILURE
+                self._retry_at = runtime.clock().monotonic() + RETRY_AFTER_FAILURE
                 logger.error(
                     "ratelimits: could not load the policies (%s: %s); keeping the %s",
                     type(exc).__name__,
@@ -447,3 +447,4 @@ class Resolver:
 
 
 resolver = Resolver()
+runtime.on_reset(resolver.reset)

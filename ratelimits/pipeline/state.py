@@ -7,19 +7,20 @@ once and passes it on.
 Process-wide, the request path keeps: the validated settings (`conf`), the engines and
 their circuit breaker (`store`), the compiled policy snapshot (`resolver`), the metrics
 recorder decision, the engine's key cache, the last "store unavailable" log time, when
-the policy version was last learnt and the policy tables last looked at, the concurrency
-watchdog and the waiting room.
-`reset_state()` forgets all of them at once; tests call it between cases, and settings
-changes call the relevant parts.
+the policy version was last learnt and the policy tables last looked at (`process`),
+the concurrency watchdog, the waiting room, and the clock. Each holder registers its
+reset with `ratelimits.runtime`; `reset_state()` forgets all of them at once. Tests
+call it between cases, and settings changes call the relevant parts.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ratelimits import runtime
+from ratelimits.engine import keys
 
 STATE_ATTR = "_ratelimits_state"
 
@@ -44,7 +45,7 @@ class RequestState:
     tier: str | None = None
     tier_known: bool = False
     #: The time to decide this request at, when its glue fixes one (a DRF throttle whose
-    #: `timer` a test replaced); None: the test clock's, else the engine's.
+    #: `timer` a test replaced); None: `runtime.decision_time()`.
     now: float | None = None
 
 
@@ -65,51 +66,39 @@ def state_for(request: Any) -> RequestState:
 
 @dataclass
 class ProcessState:
-    """Small process-wide values of the request path that belong to no other module."""
+    """Small process-wide values of the request path that belong to no other module.
+    Their times are `runtime.clock().monotonic()` readings."""
 
-    #: The clock of the circuit breaker and of the unavailable-log interval; tests that
-    #: need an outage to last exactly as long as they say replace it.
-    clock: Callable[[], float] = time.monotonic
-    #: `clock()` at the last "store unavailable" log line (0: never).
+    #: When the last "store unavailable" line was logged (0: never).
     last_unavailable_log: float = 0.0
-    #: `clock()` when the policy version was last learnt from the store (a reply that
-    #: carried it, or a read of it, failed ones included): requests that learn nothing
-    #: read it again only once this is a second old (evaluation.VERSION_EVERY).
+    #: When the policy version was last learnt from the store (a reply that carried it,
+    #: or a read of it, failed ones included): requests that learn nothing read it again
+    #: only once this is a second old (evaluation.VERSION_EVERY).
     version_at: float = -float("inf")
     #: Held by the one thread that reads the version; the others go on meanwhile.
     version_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: `clock()` when the policy tables were last looked at (a snapshot loaded, or their
+    #: When the policy tables were last looked at (a snapshot loaded, or their
     #: fingerprint read): resolver.DB_CHECK_EVERY after it, a request reads it again.
     db_checked_at: float = -float("inf")
     #: Held by the one thread that reads the fingerprint.
     db_check_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: A test's clock (`ratelimits.testing.Clock`: `now()` in epoch seconds, `sleep()`):
-    #: the engines decide at its time and waiting requests advance it. None: real time
-    #: (the store's clock, or this process's).
-    test_clock: Any = None
+
+    def reset(self) -> None:
+        """Forget the times (the locks stay: a thread may hold one)."""
+        self.last_unavailable_log = 0.0
+        self.version_at = -float("inf")
+        self.db_checked_at = -float("inf")
 
 
 process = ProcessState()
+runtime.on_reset(process.reset)
+# The engine's cache of key names: the engine is a plain library that registers nothing,
+# and the names change with its settings (`keys.WINDOW_SHARDS`).
+runtime.on_reset(keys._cell.cache_clear)
 
 
 def reset_state() -> None:
-    """Forget every piece of process-wide state the request path keeps."""
-    from ratelimits.conf import reset_config
-    from ratelimits.engine import keys
-    from ratelimits.ops import metrics
-    from ratelimits.pipeline import store
-    from ratelimits.pipeline.resolver import resolver
-    from ratelimits.pipeline.waiting import room
-    from ratelimits.pipeline.watchdog import watchdog
-
-    reset_config()
-    store.reset_engines()  # the engines and the breakers they carry
-    resolver.reset()
-    watchdog.stop()
-    room.reset()
-    metrics._state = (None, None)
-    keys._cell.cache_clear()
-    process.last_unavailable_log = 0.0
-    process.version_at = -float("inf")
-    process.db_checked_at = -float("inf")
-    process.test_clock = None
+    """Forget every piece of process-wide state the app keeps: `runtime.reset_process()`
+    (a holder registers its reset where it is defined; one not imported yet holds
+    nothing)."""
+    runtime.reset_process()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 
+from ratelimits import runtime
+
 
 class WaitingRoom:
     """Counts the requests waiting in this process, in total and per client."""
@@ -47,9 +49,11 @@ class WaitingRoom:
             return self._total
 
     def reset(self) -> None:
+        """Forget every waiting request (tests, between cases)."""
         with self._lock:
             self._total = 0
             self._by_client.clear()
 
 
 room = WaitingRoom()
+runtime.on_reset(room.reset)

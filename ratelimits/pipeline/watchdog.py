@@ -6,7 +6,8 @@ its slot meanwhile (that let 4 five-second requests run under a limit of 2 with 
 of 2). So, per process, one daemon thread renews the slots of every request in flight,
 every third of the shortest period among them, in one engine call per engine, and stops
 renewing a request's slots when it releases them. The thread starts with the first slot
-held: a process without concurrency policies never has one.
+held: a process without concurrency policies never has one. An engine whose slots last
+until released (`Holder.slots_expire` False: the adaptive one) is not renewed.
 """
 
 from __future__ import annotations
@@ -14,12 +15,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ratelimits import runtime
+
+if TYPE_CHECKING:
+    from ratelimits.engine.interfaces import Holder
+    from ratelimits.engine.types import Decision
+    from ratelimits.pipeline.state import RequestState
 
 logger = logging.getLogger("ratelimits")
 
 
-def _period(decision: Any) -> float:
+def _period(decision: Decision) -> float:
     return min(
         (r.limit.period for r in decision.results if r.limit.spec.holds_slots),
         default=60.0,
@@ -31,7 +40,7 @@ class Watchdog:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._held: dict[int, tuple[Any, Any]] = {}  # id(decision) -> (engine, decision)
+        self._held: dict[int, tuple[Holder, Decision]] = {}  # id(decision) -> both
         self._interval = 0.0  # how long the thread is waiting now (0: idle or none)
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -47,9 +56,9 @@ class Watchdog:
         with self._cond:
             return len(self._held)
 
-    def hold(self, engine: Any, decision: Any) -> None:
-        """Renew `decision`'s slots until `drop()`."""
-        if not hasattr(engine, "renew"):
+    def hold(self, engine: Holder, decision: Decision) -> None:
+        """Renew `decision`'s slots until `drop()` (when they expire unless renewed)."""
+        if not engine.slots_expire:
             return
         interval = _period(decision) / 3
         with self._cond:
@@ -59,7 +68,7 @@ class Watchdog:
             elif self._interval == 0.0 or interval < self._interval:
                 self._cond.notify()  # idle, or waiting longer than this slot allows
 
-    def drop(self, decision: Any) -> None:
+    def drop(self, decision: Decision) -> None:
         """Stop renewing `decision`'s slots (the request released them)."""
         with self._cond:
             self._held.pop(id(decision), None)
@@ -94,14 +103,14 @@ class Watchdog:
                 self._cond.wait(self._interval)
                 if self._generation != generation:
                     return
-                by_engine: dict[int, tuple[Any, list[Any]]] = {}
+                by_engine: dict[int, tuple[Holder, list[Decision]]] = {}
                 for engine, decision in self._held.values():
                     by_engine.setdefault(id(engine), (engine, []))[1].append(decision)
             # outside the lock: requests hold and drop while the store answers
             for engine, decisions in by_engine.values():
                 self._renew(engine, decisions)
 
-    def _renew(self, engine: Any, decisions: list[Any]) -> None:
+    def _renew(self, engine: Holder, decisions: Sequence[Decision]) -> None:
         try:
             engine.renew(decisions)
         except Exception as exc:  # never a request's problem: its slot may expire early
@@ -117,9 +126,10 @@ class Watchdog:
 
 
 watchdog = Watchdog()
+runtime.on_reset(watchdog.stop)
 
 
-def hold(state: Any, engine: Any, decision: Any) -> None:
+def hold(state: RequestState, engine: Holder, decision: Decision) -> None:
     """A request holds concurrency slots: keep them until it releases them."""
     state.holds.append((engine, decision))
     watchdog.hold(engine, decision)

@@ -6,6 +6,8 @@ import pytest
 from django.test import override_settings
 
 from ratelimits.pipeline.state import reset_state
+from ratelimits.runtime import using_clock
+from ratelimits.testing import Clock
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -19,11 +21,46 @@ def _cache_on_fixture_redis(redis_url):
 
 
 @pytest.fixture(autouse=True)
-def clean_state(redis_client):
-    """A flushed Redis database and no engine, config or snapshot left from another test."""
+def clean_state(redis_database):
+    """An empty Redis database and no engine, config or snapshot left from another test.
+    The database is emptied only when it holds keys, after the engine closed (its tally
+    written now, never into the next test)."""
     reset_state()
-    yield redis_client
+    redis_database.empty()
+    yield
     reset_state()
+    redis_database.empty()
+
+
+class Waits(Clock):
+    """A test clock that records the wait each request is told to make (on either stack)
+    and lets no time pass: requests arrive at one instant, and each one's wait is known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+@pytest.fixture
+def clock():
+    """The app's clock for this test (`ratelimits.runtime`): standing still, moved by the
+    test (`clock.advance(seconds)`)."""
+    with using_clock(Clock()) as installed:
+        yield installed
+
+
+@pytest.fixture
+def waits():
+    """The app's clock for this test, recording the waits requests are told to make
+    (`waits.slept`) instead of sleeping."""
+    with using_clock(Waits()) as installed:
+        yield installed
 
 
 @pytest.fixture

@@ -149,15 +149,13 @@ def test_declared_limits_apply_inside_the_test_helpers(client, site):
 
 
 def test_a_declared_wait_and_warm_up_reach_the_row_and_the_requests(
-    client, admin_client, site, monkeypatch
+    client, admin_client, site, waits
 ):
-    waits: list[float] = []
-    monkeypatch.setattr(evaluation, "sleep", waits.append)
-    with limited():
+    with limited(clock=waits):
         # cold: the warm-up paces at a third of the rate, and the second request waits
         # for its turn (3 s) beyond max_wait (2 s): refused, and nothing slept
         assert _codes(client, 2, "/export/") == [200, 429]
-        assert waits == []
+        assert waits.slept == []
     client.get("/export/")
     row = Policy.objects.get(name="export")
     assert (row.algorithm, row.max_wait, row.warmup) == ("token_bucket", 2, 60)

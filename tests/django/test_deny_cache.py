@@ -19,8 +19,8 @@ import redis
 
 from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.contract import batch_library
-from ratelimits.engine.frontline import HOLD
 from ratelimits.engine.keys import stats_key
+from ratelimits.engine.local_first import HOLD
 from tests.django.workers import Site
 from tests.redis_server import Monitor
 from tests.settings import RATELIMITS

@@ -13,9 +13,8 @@ import pytest
 import redis
 from django.test import override_settings
 
-from ratelimits.engine.frontline import HOLD
-from ratelimits.pipeline.state import process
-from ratelimits.pipeline.store import get_engine
+from ratelimits.engine.local_first import HOLD
+from ratelimits.testing import Clock
 from tests.redis_server import RedisProcess
 
 #: Generous bounds for a loaded 2-core CI machine; the default timeouts are 0.1 s.
@@ -23,26 +22,10 @@ WORST_ALLOWED = 1.0
 COOLDOWN = 0.3
 
 
-class ManualClock:
-    """The breaker's clock, moved by the test: a cool-down ends when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    manual = ManualClock()
-    monkeypatch.setattr(process, "clock", manual)
-    return manual
-
-
 @pytest.fixture
 def server(private_redis, settings, clock):
-    """Point the engine at a private server, with a short breaker cool-down."""
+    """Point the engine at a private server, with a short breaker cool-down, on a clock
+    the test moves: a cool-down ends when the test says so."""
     settings.CACHES = {
         **settings.CACHES,
         "default": {**settings.CACHES["default"], "LOCATION": private_redis.url},
@@ -62,7 +45,7 @@ def timed(client, path: str, n: int) -> tuple[list[int], float]:
 
 
 def until_enforced(
-    client, path: str, admitted: int, clock: ManualClock, deadline: float = 10.0
+    client, path: str, admitted: int, clock: Clock, deadline: float = 10.0
 ) -> list[int]:
     """Requests until Redis decides again: `admitted` passes, then a refusal.
 
@@ -75,8 +58,8 @@ def until_enforced(
         statuses.append(client.get(path).status_code)
         if statuses[-len(tail) :] == tail:
             return statuses
-        clock.now += COOLDOWN  # the cool-down ends: the next request probes
-        time.sleep(0.05)
+        clock.advance(COOLDOWN)  # the cool-down ends: the next request probes
+        time.sleep(0.05)  # the restarted server, a real process, comes up meanwhile
     pytest.fail(f"enforcement did not resume: {statuses}")
 
 
@@ -95,9 +78,8 @@ EXPECTED = {
 @pytest.mark.slow
 @pytest.mark.parametrize("on_error", ["allow", "deny", "local"])
 def test_killed_server_answers_per_on_error_then_resumes(
-    client, make_policy, server, on_error, caplog, monkeypatch, clock
+    client, make_policy, server, on_error, caplog, clock
 ):
-    monkeypatch.setattr(process, "last_unavailable_log", 0.0)
     make_policy(name=f"killed-{on_error}", limit=3, path="/hello/", on_error=on_error)
     assert timed(client, "/hello/", 2)[0] == [200, 200]
 
@@ -143,7 +125,7 @@ def test_paused_server_never_holds_a_request_past_the_timeout(
 
 
 @pytest.mark.slow
-def test_script_flush_and_flushall_mid_traffic(client, make_policy, server):
+def test_script_flush_and_flushall_mid_traffic(client, make_policy, server, clock):
     make_policy(name="flushed", limit=2, path="/hello/")
     direct = redis.Redis.from_url(server.url)
     assert timed(client, "/hello/", 1)[0] == [200]
@@ -152,9 +134,7 @@ def test_script_flush_and_flushall_mid_traffic(client, make_policy, server):
     direct.flushall()  # counters and the policy version are gone
     # this process trusts the refusal it remembers for at most HOLD seconds ...
     assert timed(client, "/hello/", 1)[0] == [429]
-    engine = get_engine()
-    later = engine.clock() + HOLD
-    engine.clock = lambda: later
+    clock.advance(HOLD)
     # ... then asks the store again, which has forgotten the client
     assert timed(client, "/hello/", 3)[0] == [200, 200, 429]
 

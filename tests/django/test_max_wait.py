@@ -2,7 +2,8 @@
 async stacks, DRF), the admin's rules, and a warm-up seen through the middleware.
 
 The clock is `ratelimits.testing`'s and stands still; the waits are recorded instead of
-slept, so several requests arrive at one instant and each one's wait is known.
+slept (the `waits` clock), so several requests arrive at one instant and each one's wait
+is known.
 """
 
 from __future__ import annotations
@@ -12,75 +13,61 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 
 from ratelimits.models import Policy
-from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.resolver import load_snapshot
-from ratelimits.testing import limited
+from ratelimits.testing import Clock, limited
 
 #: One per second, no burst, a request may wait 2 s for its turn.
 PACED = {"name": "paced", "rate": "1/s", "algorithm": "gcra", "burst": 1, "max_wait": 2,
          "path": "/hello/"}
 
 
-@pytest.fixture
-def waits(monkeypatch):
-    """The waits requests were told to sleep (sync and async), instead of sleeping."""
-    slept: list[float] = []
-    monkeypatch.setattr(evaluation, "sleep", slept.append)
-
-    async def asleep(seconds: float) -> None:
-        slept.append(seconds)
-
-    monkeypatch.setattr(evaluation, "asleep", asleep)
-    return slept
-
-
 def test_a_request_whose_turn_comes_within_max_wait_waits_then_is_served(client, waits):
-    with limited(PACED) as limits:
+    with limited(PACED, clock=waits) as limits:
         codes = [client.get("/hello/").status_code for _ in range(4)]
         assert codes == [200, 200, 200, 429]
-        assert [round(w, 3) for w in waits] == [1.0, 2.0]
+        assert [round(w, 3) for w in waits.slept] == [1.0, 2.0]
         refused = client.get("/hello/")
         assert refused["Retry-After"] == "1"  # its turn at 3 s is 1 s beyond the 2 s
         limits.clock.advance(1)
         assert client.get("/hello/").status_code == 200
-        assert round(waits[-1], 3) == 2.0
+        assert round(waits.slept[-1], 3) == 2.0
 
 
 def test_without_max_wait_the_same_request_is_refused_at_once(client, waits):
-    with limited({**PACED, "max_wait": 0}):
+    with limited({**PACED, "max_wait": 0}, clock=waits):
         assert [client.get("/hello/").status_code for _ in range(2)] == [200, 429]
-        assert waits == []
+        assert waits.slept == []
 
 
 def test_the_async_stack_awaits_the_same_turns(async_client, waits):
     async def run():
         return [(await async_client.get("/async/")).status_code for _ in range(4)]
 
-    with limited({**PACED, "path": "/async/"}):
+    with limited({**PACED, "path": "/async/"}, clock=waits):
         assert async_to_sync(run)() == [200, 200, 200, 429]
-    assert [round(w, 3) for w in waits] == [1.0, 2.0]
+    assert [round(w, 3) for w in waits.slept] == [1.0, 2.0]
 
 
 def test_a_drf_view_waits_in_its_throttle(client, waits):
-    with limited({**PACED, "path": "*", "scope": "items"}):
+    with limited({**PACED, "path": "*", "scope": "items"}, clock=waits):
         codes = [client.get("/api/items/").status_code for _ in range(4)]
     assert codes == [200, 200, 200, 429]
-    assert [round(w, 3) for w in waits] == [1.0, 2.0]
+    assert [round(w, 3) for w in waits.slept] == [1.0, 2.0]
 
 
-def test_the_waiting_room_bounds_max_wait_too(client, settings, monkeypatch):
+def test_the_waiting_room_bounds_max_wait_too(client, settings):
     """A client whose request is waiting gets a 429 for the next one at once."""
     settings.RATELIMITS = {**settings.RATELIMITS, "MAX_WAITING_PER_CLIENT": 1}
     from ratelimits.pipeline.waiting import room
 
     inner: list[int] = []
 
-    def sleep(seconds: float) -> None:  # while the first waits, the same client asks again
-        if not inner:
-            inner.append(client.get("/hello/").status_code)
+    class Impatient(Clock):  # while the first waits, the same client asks again
+        def sleep(self, seconds: float) -> None:
+            if not inner:
+                inner.append(client.get("/hello/").status_code)
 
-    monkeypatch.setattr(evaluation, "sleep", sleep)
-    with limited(PACED):
+    with limited(PACED, clock=Impatient()):
         assert client.get("/hello/").status_code == 200
         assert client.get("/hello/").status_code == 200  # waited, and meanwhile ...
     assert inner == [429]  # ... its second request found no place in the room
@@ -92,7 +79,7 @@ def test_warm_up_paces_a_cold_client_through_the_middleware(client, waits):
     every 2 s, then it is warm and has its burst."""
     rule = {"name": "warm", "rate": "1/s", "algorithm": "gcra", "burst": 3, "warmup": 6,
             "path": "/hello/"}
-    with limited(rule) as limits:
+    with limited(rule, clock=waits) as limits:
         seen, start = [], limits.clock.now()
         for at in (0, 1, 3, 4, 5, 5, 5, 5):
             limits.clock.freeze(start + at)
@@ -100,7 +87,7 @@ def test_warm_up_paces_a_cold_client_through_the_middleware(client, waits):
             seen.append((at, response.status_code, response.get("Retry-After")))
     assert seen == [(0, 200, None), (1, 429, "2"), (3, 200, None), (4, 429, "1"),
                     (5, 200, None), (5, 200, None), (5, 200, None), (5, 429, "1")]
-    assert waits == []
+    assert waits.slept == []
 
 
 # -- the admin's rules ------------------------------------------------------------------

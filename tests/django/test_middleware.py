@@ -9,9 +9,9 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
 from ratelimits import signals
-from ratelimits.pipeline import evaluation
-from ratelimits.pipeline.state import process
 from ratelimits.pipeline.store import get_engine
+from ratelimits.runtime import using_clock
+from ratelimits.testing import Clock
 
 pytestmark = pytest.mark.django_db
 
@@ -189,7 +189,7 @@ def test_streaming_through_the_test_client_releases(client, make_policy):
 
 
 def test_leaky_bucket_delay_is_slept_and_a_longer_wait_is_refused(
-    client, settings, monkeypatch, django_capture_on_commit_callbacks
+    client, settings, waits, django_capture_on_commit_callbacks
 ):
     """A queue that would hold a request longer than MAX_DELAY refuses that request (and
     charges nothing) instead of serving it early. The policy is saved without clean(),
@@ -197,15 +197,13 @@ def test_leaky_bucket_delay_is_slept_and_a_longer_wait_is_refused(
     from ratelimits.models import Policy
 
     settings.RATELIMITS = {**settings.RATELIMITS, "MAX_DELAY": 25}
-    slept = []
-    monkeypatch.setattr(evaluation, "sleep", slept.append)
     with django_capture_on_commit_callbacks(execute=True):
         Policy.objects.create(name="smooth", mode="enforce", algorithm="leaky_bucket",
                               limit=1, period=10, burst=5, key="ip", path="/hello/")
     got = [client.get("/hello/") for _ in range(5)]
     # one request per 10 s: the queue of 5 would hold the 4th 30 s, the 5th 40 s
     assert [r.status_code for r in got] == [200, 200, 200, 429, 429]
-    assert [round(s) for s in slept] == [10, 20]  # each held for its turn, never cut short
+    assert [round(s) for s in waits.slept] == [10, 20]  # each held for its turn, never cut short
     assert int(got[3]["Retry-After"]) == 10  # when a place within MAX_DELAY frees up
     assert int(got[4]["Retry-After"]) == 10  # the refused 4th took no place: same turn
 
@@ -284,9 +282,8 @@ UNREACHABLE = {
     [("allow", [200, 200, 200]), ("deny", [503, 503, 503]), ("local", [200, 200, 429])],
 )
 def test_on_error_when_redis_is_unreachable(
-    client, make_policy, on_error, expected, caplog, monkeypatch
+    client, make_policy, on_error, expected, caplog
 ):
-    monkeypatch.setattr(process, "last_unavailable_log", 0.0)  # logged once a minute
     make_policy(name=f"fallback-{on_error}", limit=2, on_error=on_error)
     client.get("/hello/")  # the snapshot is loaded; the local engine starts empty
     with override_settings(CACHES=UNREACHABLE), caplog.at_level(logging.ERROR, "ratelimits"):
@@ -352,19 +349,22 @@ def test_a_cold_process_reads_the_policies_outside_the_event_loop(make_policy, c
     assert "could not load the policies" not in caplog.text
 
 
-def test_async_leaky_delay_is_awaited(make_policy, monkeypatch):
+def test_async_leaky_delay_is_awaited(make_policy):
     waited = []
 
-    async def asleep(seconds):
-        waited.append(seconds)
+    class Awaited(Clock):  # records the awaited waits; a blocking one fails the test
+        def sleep(self, seconds):
+            pytest.fail("blocked the event loop")
 
-    monkeypatch.setattr(evaluation, "asleep", asleep)
-    monkeypatch.setattr(evaluation, "sleep", lambda s: pytest.fail("blocked the event loop"))
+        async def asleep(self, seconds):
+            waited.append(seconds)
+
     make_policy(name="smooth", algorithm="leaky_bucket", limit=1, period=1, burst=3)
 
     async def scenario():
         client = AsyncClient()
         return [(await client.get("/async/")).status_code for _ in range(3)]
 
-    assert async_to_sync(scenario)() == [200, 200, 200]
+    with using_clock(Awaited()):
+        assert async_to_sync(scenario)() == [200, 200, 200]
     assert waited and all(0 < w <= 5 for w in waited)

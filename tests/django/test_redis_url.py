@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisClusterException
 
 from ratelimits.conf import build_config
-from ratelimits.pipeline import store
+from ratelimits.engine import deployments
 from ratelimits.pipeline.store import get_engine, is_shared
 from tests.django.test_promises_store import (  # noqa: F401  (fixtures)
     PREFIX,
@@ -281,7 +281,7 @@ def test_one_seed_of_the_cluster_url_finds_every_primary_with_the_limiters_timeo
     from ratelimits.conf import get_config
 
     config = get_config()
-    client = store.cluster_client(config["REDIS_URL"], config["SOCKET_TIMEOUT"], 0.1)
+    client = deployments.cluster_client(config["REDIS_URL"], config["SOCKET_TIMEOUT"], 0.1)
     try:
         primaries = {n.port for n in client.get_primaries()}
         assert primaries == set(cluster.primary_ports())
@@ -330,7 +330,7 @@ def test_the_cluster_client_follows_moved_although_it_never_retries(cluster, set
     use_url(settings, cluster.url)
     from ratelimits.conf import get_config
 
-    client = store.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
+    client = deployments.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
     try:
         key = f"{PREFIX}moved"
         owner = client.get_node_from_key(key).port
@@ -370,7 +370,7 @@ def test_the_cluster_urls_password_reaches_every_node(locked_cluster, settings):
     use_url(settings, f"redis+cluster://:{PASSWORD}@{ports}")
     from ratelimits.conf import get_config
 
-    client = store.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
+    client = deployments.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
     try:
         primaries = {n.port for n in client.get_primaries()}
         assert primaries == expected
@@ -387,7 +387,7 @@ def test_the_cluster_urls_password_reaches_every_node(locked_cluster, settings):
     wrong = get_config()["REDIS_URL"].url.replace(PASSWORD, "wrong")
     use_url(settings, wrong)
     with pytest.raises(RedisClusterException, match="invalid username-password"):
-        store.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
+        deployments.cluster_client(get_config()["REDIS_URL"], 0.1, 0.1)
 
 
 def test_a_cluster_url_without_cluster_support_says_so(settings, monkeypatch):
@@ -400,8 +400,10 @@ def test_a_cluster_url_without_cluster_support_says_so(settings, monkeypatch):
 def test_the_readme_documents_every_scheme():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("\n#### Configuration: REDIS_URL\n", 1)[1].split("\n#", 1)[0]
-    for scheme in ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://"):
-        assert scheme in section
+    schemes = [s for mode in deployments.DEPLOYMENTS.values() for s in mode.schemes]
+    assert schemes == ["redis", "rediss", "unix", "redis+cluster", "rediss+cluster"]
+    for scheme in schemes:
+        assert f"{scheme}://" in section
 
 
 @pytest.fixture

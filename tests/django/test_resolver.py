@@ -157,16 +157,6 @@ def test_order_is_priority_then_specificity(make_policy):
 # -- the database check: edits that moved no version --------------------------------------
 
 
-@pytest.fixture
-def clock(monkeypatch):
-    """The request path's clock (ProcessState.clock), moved by the test."""
-    from ratelimits.pipeline.state import process
-
-    now = [1000.0]
-    monkeypatch.setattr(process, "clock", lambda: now[0])
-    return now
-
-
 def applied(response) -> str:
     return response.headers.get("RateLimit-Policy", "")
 
@@ -183,10 +173,10 @@ def test_an_edit_that_moved_no_version_reaches_the_process_after_db_check_every(
     make_policy(name="a", limit=100, path="/hello/")
     assert applied(client.get("/hello/")) == '"a";q=100;w=3600'
     Policy.objects.filter(name="a").update(limit=1, updated=timezone.now())  # no signal
-    clock[0] += DB_CHECK_EVERY - 0.1
+    clock.advance(DB_CHECK_EVERY - 0.1)
     with django_assert_num_queries(0):  # not yet: no query on the request path
         assert applied(client.get("/hello/")) == '"a";q=100;w=3600'
-    clock[0] += 0.1
+    clock.advance(0.1)
     with django_assert_num_queries(3):  # the fingerprint, then the policies and overrides
         assert applied(client.get("/hello/")) == '"a";q=1;w=3600'
     with django_assert_num_queries(0):  # read again only DB_CHECK_EVERY later
@@ -194,7 +184,7 @@ def test_an_edit_that_moved_no_version_reaches_the_process_after_db_check_every(
             assert applied(client.get("/hello/")) == '"a";q=1;w=3600'
     # a policy deleted without a signal is gone after the next check too
     Policy.objects.filter(name="a").delete()
-    clock[0] += DB_CHECK_EVERY
+    clock.advance(DB_CHECK_EVERY)
     assert applied(client.get("/hello/")) == ""
 
 
@@ -207,7 +197,7 @@ def test_an_unchanged_table_costs_one_query_per_check_and_no_reload(
     client.get("/hello/")
     snap = resolver.snapshot()
     for _ in range(3):
-        clock[0] += DB_CHECK_EVERY
+        clock.advance(DB_CHECK_EVERY)
         with django_assert_num_queries(1):
             client.get("/hello/")
         assert resolver.snapshot() is snap
@@ -223,7 +213,7 @@ def test_a_failed_check_keeps_the_snapshot_and_says_why(client, make_policy, clo
     assert client.get("/hello/").status_code == 200
     rename_policy_table("ratelimits_policy_away")
     try:
-        clock[0] += DB_CHECK_EVERY
+        clock.advance(DB_CHECK_EVERY)
         with caplog.at_level(logging.WARNING, "ratelimits"):
             assert client.get("/hello/").status_code == 200
             assert client.get("/hello/").status_code == 429  # "a" still applies

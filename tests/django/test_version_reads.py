@@ -10,23 +10,7 @@ import redis
 
 from ratelimits.engine import MemoryEngine
 from ratelimits.pipeline import store
-from ratelimits.pipeline.state import process
 from tests.redis_server import script_calls
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    manual = ManualClock()
-    monkeypatch.setattr(process, "clock", manual)
-    return manual
 
 
 @pytest.fixture
@@ -64,7 +48,7 @@ def test_unmatched_requests_read_the_version_once_a_second(client, db, server, c
     for _ in range(50):
         assert client.get("/hello/").status_code == 200
     assert (gets(server), evalshas(server)) == (first, scripts)  # no round trip at all
-    clock.now += 1.0
+    clock.advance(1.0)
     for _ in range(50):
         assert client.get("/hello/").status_code == 200
     assert gets(server) == first + 1
@@ -73,10 +57,10 @@ def test_unmatched_requests_read_the_version_once_a_second(client, db, server, c
 def test_a_reply_that_carries_the_version_spares_the_read(client, make_policy, server, clock):
     make_policy(name="api", limit=100, path="/api/*")
     assert client.get("/api/plain/").status_code == 200
-    clock.now += 0.9
+    clock.advance(0.9)
     assert client.get("/api/plain/").status_code == 200  # learns the version again
     before = gets(server)  # (the script's own GETs count too: read after it)
-    clock.now += 0.9
+    clock.advance(0.9)
     for _ in range(10):
         assert client.get("/hello/").status_code == 200  # 0.9 s since the last reply
     assert gets(server) == before
@@ -86,7 +70,7 @@ def test_an_edit_elsewhere_reaches_unmatched_paths_within_a_second(client, db, s
     assert client.get("/hello/").status_code == 200
     published_elsewhere(server)
     assert client.get("/hello/").status_code == 200  # not known yet: not read since
-    clock.now += 1.0
+    clock.advance(1.0)
     # read, reloaded, and applied to the request that read it
     assert [client.get("/hello/").status_code for _ in range(2)] == [200, 429]
 
@@ -95,7 +79,7 @@ def test_one_thread_reads_while_the_others_go_on(client, db, server, clock, sett
     from django.test import Client
 
     assert client.get("/hello/").status_code == 200
-    clock.now += 5.0
+    clock.advance(5.0)
     before = gets(server)
     start = threading.Barrier(8)
     statuses: list[int] = []
@@ -136,7 +120,7 @@ def test_decisions_answered_in_process_still_learn_edits(client, make_policy, se
     before = gets(server)
     assert client.get("/api/plain/").status_code == 200
     assert gets(server) == before  # younger than a second: not read
-    clock.now += 1.0
+    clock.advance(1.0)
     assert [client.get("/api/plain/").status_code for _ in range(2)] == [200, 429]
     assert gets(server) == before + 1
 
@@ -190,7 +174,7 @@ def test_an_async_request_reads_the_version_on_the_event_loop(
     assert async_to_sync(hits)(1)[0] == [200]  # the snapshot and the version learnt
     read_on.clear()
     published_elsewhere(server, path="/async/")
-    clock.now += 1.0
+    clock.advance(1.0)
     statuses, loop_thread = async_to_sync(hits)(2)
     assert statuses == [200, 429]  # read, reloaded, applied to the request that read it
     assert read_on == [loop_thread]

@@ -1,8 +1,8 @@
 """The waiting room: delayed (leaky-bucket) requests cannot tie up every worker.
 
 Real threads make real requests; a waiting request is held on an Event the test
-controls (through `evaluation.sleep`, the one place the request path waits), so the
-tests know who is waiting without timing anything.
+controls (through the app's clock, whose `sleep()` is the one place the request path
+waits), so the tests know who is waiting without timing anything.
 """
 
 from __future__ import annotations
@@ -13,17 +13,28 @@ import time
 import pytest
 from django.test import Client
 
-from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.waiting import room
+from ratelimits.runtime import using_clock
+from ratelimits.testing import Clock
 
 pytestmark = pytest.mark.django_db
 
 
+class Gate(Clock):
+    """A clock whose waits last until the gate opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = threading.Event()
+
+    def sleep(self, seconds: float) -> None:
+        self.opened.wait(10)
+
+
 @pytest.fixture
-def gate(monkeypatch):
+def gate():
     """Waiting requests block until the gate opens; yields a function to start one."""
-    opened = threading.Event()
-    monkeypatch.setattr(evaluation, "sleep", lambda seconds: opened.wait(10))
+    clock = Gate()
     threads, results = [], []
 
     def start(ip: str) -> None:
@@ -40,10 +51,11 @@ def gate(monkeypatch):
             assert time.monotonic() < deadline, "the request never started waiting"
             time.sleep(0.005)
 
-    yield start, results
-    opened.set()
-    for thread in threads:
-        thread.join(10)
+    with using_clock(clock):
+        yield start, results
+        clock.opened.set()
+        for thread in threads:
+            thread.join(10)
 
 
 @pytest.fixture
@@ -81,10 +93,8 @@ def test_other_clients_wait_while_the_room_has_places_then_are_refused(client, q
     assert room.waiting() == 2
 
 
-def test_the_place_is_given_back_after_the_wait(client, queue, monkeypatch):
-    slept = []
-    monkeypatch.setattr(evaluation, "sleep", slept.append)
+def test_the_place_is_given_back_after_the_wait(client, queue, waits):
     assert client.get("/hello/", REMOTE_ADDR="10.0.0.1").status_code == 200
     assert client.get("/hello/", REMOTE_ADDR="10.0.0.1").status_code == 200
     # turns of 10 and 20 s (less the milliseconds since the first request)
-    assert [round(s) for s in slept] == [10, 20] and room.waiting() == 0
+    assert [round(s) for s in waits.slept] == [10, 20] and room.waiting() == 0

@@ -1,10 +1,23 @@
-"""Every engine test runs against both backends: Redis (real server) and in-process."""
+"""Every engine test runs against both backends: Redis (real server) and in-process; the
+conformance tables against every engine there is (`every_engine`)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from ratelimits.engine import MemoryEngine, RedisEngine
+import pytest
+import redis
+import redis.asyncio
+import redis.cluster
+
+from ratelimits.engine import Limit, MemoryEngine, RedisEngine
+from ratelimits.engine.aio import AsyncClusterEngine, AsyncRedisEngine
+from ratelimits.engine.cluster import ClusterEngine
+from ratelimits.engine.deployments import async_twin_client
+from ratelimits.engine.local_first import LocalFirst
+from ratelimits.engine.types import Decision
 
 #: An epoch second aligned to every window used in the tables (divisible by 3600).
 T0 = 1_800_000_000.0
@@ -14,5 +27,104 @@ T0 = 1_800_000_000.0
 def engine(request: pytest.FixtureRequest):
     if request.param == "redis":
         client = request.getfixturevalue("redis_client")
-        return RedisEngine(client, version_key="rl:version")
-    return MemoryEngine(version_key="rl:version")
+        engine = RedisEngine(client, version_key="rl:version")
+        yield engine
+        # Its tally sends counts and offenders from a thread up to FLUSH_EVERY later:
+        # closed here, they reach this test's database, never the next test's.
+        engine.close()
+        return
+    yield MemoryEngine(version_key="rl:version")
+
+
+class Blocking:
+    """An asyncio engine's `evaluate`, run to its end on an event loop of its own: the
+    blocking call the conformance tables make of every engine."""
+
+    def __init__(self, engine: AsyncRedisEngine | AsyncClusterEngine,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.loop = loop
+
+    def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        return self.loop.run_until_complete(self.engine.evaluate(limits, now))
+
+
+class Opened:
+    """The asyncio clients an engine opened, closed on its loop at the end of the test."""
+
+    def __init__(self) -> None:
+        self.clients: list[redis.asyncio.Redis] = []
+
+    def keep(self, client: redis.asyncio.Redis) -> redis.asyncio.Redis:
+        self.clients.append(client)
+        return client
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        for client in self.clients:
+            loop.run_until_complete(client.aclose())
+
+
+def _redis(request: pytest.FixtureRequest) -> RedisEngine:
+    return RedisEngine(request.getfixturevalue("redis_client"), version_key="rl:version")
+
+
+def _cluster(request: pytest.FixtureRequest) -> ClusterEngine:
+    port = request.getfixturevalue("cluster").ports[0]
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=port)
+    request.addfinalizer(client.close)
+    return ClusterEngine(client, version_key="rl:version")
+
+
+def _on_loop(request: pytest.FixtureRequest,
+             build: Callable[[Opened], AsyncRedisEngine | AsyncClusterEngine]) -> Blocking:
+    loop = asyncio.new_event_loop()
+    opened = Opened()
+    engine = build(opened)
+
+    def close() -> None:
+        opened.close(loop)
+        engine.twin.close()
+        loop.close()
+
+    request.addfinalizer(close)
+    return Blocking(engine, loop)
+
+
+def _async_redis(request: pytest.FixtureRequest) -> Blocking:
+    url = request.getfixturevalue("redis_url")
+    twin = _redis(request)
+    return _on_loop(request, lambda opened: AsyncRedisEngine(
+        twin, lambda: opened.keep(redis.asyncio.Redis.from_url(url))))
+
+
+def _async_cluster(request: pytest.FixtureRequest) -> Blocking:
+    twin = _cluster(request)
+    return _on_loop(request, lambda opened: AsyncClusterEngine(
+        twin, lambda node: opened.keep(async_twin_client(node))))
+
+
+#: Every engine the conformance tables run on: its name and how a test builds it (on the
+#: test's clean Redis database, or on the run's cluster, emptied for the test).
+ENGINES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
+    "memory": lambda request: MemoryEngine(version_key="rl:version"),
+    "redis": _redis,
+    "local-first": lambda request: LocalFirst(_redis(request)),
+    "cluster": _cluster,
+    "async-redis": _async_redis,
+    "async-cluster": _async_cluster,
+}
+
+
+#: The engines that need the run's cluster: left out of `make test-fast`.
+ON_CLUSTER = frozenset({"cluster", "async-cluster"})
+
+
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.slow] if name in ON_CLUSTER else [])
+                        for name in ENGINES])
+def every_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Each engine in turn, its `evaluate(limits, now)` blocking (an asyncio one run on a
+    loop of its own); closed after the test, so its tally reaches this test's store."""
+    engine = ENGINES[request.param](request)
+    yield engine
+    if not isinstance(engine, Blocking):
+        engine.close()

@@ -115,8 +115,8 @@ def test_counts_ride_the_async_calls_and_reach_the_counters(redis_url, loop):
     limit = Limit("c", "fixed_window", 2, 60, name="counted")
     for _ in range(3):
         loop.run_until_complete(aio.evaluate([limit], now=T0))
-    aio.flush()  # the twin's tally: what the async calls counted
-    assert aio.counters("counted", int(T0 // 60)) == {"a": 2, "r": 1}
+    aio.twin.flush()  # the twin's tally: what the async calls counted
+    assert aio.twin.counters("counted", int(T0 // 60)) == {"a": 2, "r": 1}
 
 
 def test_a_flushed_library_is_loaded_again(redis_url, loop):
@@ -140,7 +140,7 @@ def test_without_functions_the_same_script_runs_by_evalsha(private_redis, loop):
     limit = Limit("c", "sliding_window", 2, 60, name="p")
     got = [loop.run_until_complete(aio.evaluate([limit], now=T0)).allowed for _ in range(3)]
     assert got == [True, True, False]
-    assert aio.twin._script.mode == "evalsha"
+    assert aio.twin.script.mode == "evalsha"
     admin.script_flush()  # NOSCRIPT: the script is loaded again
     assert not loop.run_until_complete(aio.evaluate([limit], now=T0)).allowed
 
@@ -184,14 +184,14 @@ def test_a_dead_server_fails_fast_and_the_breaker_opens(private_redis, loop, fau
 
 
 def test_leased_limits_are_decided_on_the_loop_and_exactly(redis_url, loop, monkeypatch):
-    """A limit with `batch` under the async Frontline: leases taken with awaited calls on
+    """A limit with `batch` under the async LocalFirst: leases taken with awaited calls on
     the loop's thread, the window's count exact, the same answers as the blocking path."""
     import threading
 
-    from ratelimits.engine.frontline import Frontline
+    from ratelimits.engine.local_first import LocalFirst
 
-    def front(engine: RedisEngine) -> Frontline:
-        return Frontline(engine, clock=lambda: T0)
+    def front(engine: RedisEngine) -> LocalFirst:
+        return LocalFirst(engine, clock=lambda: T0)
 
     blocking, aio = twins(redis_url)
     sync_front, async_front = front(blocking), front(aio.twin)
@@ -217,10 +217,10 @@ def test_leased_limits_are_decided_on_the_loop_and_exactly(redis_url, loop, monk
 def test_aacquire_waits_on_the_loop_and_asks_the_store_there(redis_url, loop, monkeypatch):
     import threading
 
-    from ratelimits.engine.frontline import Frontline
+    from ratelimits.engine.local_first import LocalFirst
 
     _, aio = twins(redis_url)
-    front = Frontline(aio.twin)
+    front = LocalFirst(aio.twin)
     front.aio = aio
     threads = []
     evaluate = AsyncRedisEngine.evaluate

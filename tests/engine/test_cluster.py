@@ -17,7 +17,6 @@ pytestmark = pytest.mark.slow
 def cluster_client(cluster):
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
     yield client
-    client.flushall(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
     client.close()
 
 

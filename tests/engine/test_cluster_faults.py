@@ -21,6 +21,7 @@ from ratelimits.engine import EngineUnavailable, Limit
 from ratelimits.engine.cluster import REFRESH_EVERY, ClusterEngine
 from ratelimits.engine.keys import base_key
 from ratelimits.engine.registry import ALGORITHMS
+from tests.conftest import own_cluster
 from tests.engine.conftest import T0
 from tests.engine.test_cluster_engine import three_on_three
 from tests.redis_cluster import RedisCluster
@@ -72,6 +73,14 @@ def migrate_slot(cluster: RedisCluster, slot: int, source: int, target: int,
         if port not in (source, target):
             cluster.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
     between("owned")  # the target owns the slot; stale slot maps get MOVED
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A cluster of this module's own, not the run's shared one: its tests move slots
+    from primary to primary and leave them there."""
+    with own_cluster() as started:
+        yield started
 
 
 @pytest.fixture

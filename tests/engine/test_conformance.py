@@ -1,4 +1,5 @@
-"""Scenario tables, with explicit times, that both backends must answer identically.
+"""Scenario tables, with explicit times, that every engine must answer identically: in
+process, Redis, Redis behind the local-first layer, the cluster, and both asyncio twins.
 
 Each row: (seconds after T0, cost) -> (allowed, remaining, retry_after, delay).
 """
@@ -204,11 +205,11 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_scenario(engine, name):
+def test_scenario(every_engine, name):
     limit, rows = SCENARIOS[name]
     for (at, cost), (allowed, remaining, retry_after, delay) in rows:
         lim = dataclasses.replace(limit, cost=cost)
-        decision = engine.evaluate([lim], now=T0 + at)
+        decision = every_engine.evaluate([lim], now=T0 + at)
         result = decision.results[0]
         got = (result.allowed, result.remaining, result.retry_after, result.delay)
         assert decision.allowed is allowed, (at, cost, got)

@@ -15,9 +15,9 @@ import redis
 import redis.cluster
 
 from ratelimits.engine import EngineUnavailable, Limit, MemoryEngine, RedisEngine
-from ratelimits.engine.frontline import Frontline
 from ratelimits.engine.keys import base_key, cell
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leases, Leftover
+from ratelimits.engine.local_first import LocalFirst
 from tests.engine.conftest import T0
 
 MINUTE = 60.0
@@ -308,7 +308,7 @@ def test_the_memory_engine_decides_a_leased_limit_exactly():
     assert sum(admitted) == 1000
 
 
-# -- through Frontline: many processes, one limit ------------------------------------------
+# -- through LocalFirst: many processes, one limit ------------------------------------------
 
 RACERS = 8
 RACE_LIMIT, RACE_BATCH = 1000, 50
@@ -317,7 +317,7 @@ RACE_SECONDS = 0.5  # ... over half a second, so that the processes interleave
 
 
 def _race(engine_of, url_or_ports, start, reports) -> None:
-    front = Frontline(engine_of(url_or_ports))
+    front = LocalFirst(engine_of(url_or_ports))
     limit = Limit("hot", "fixed_window", RACE_LIMIT, MINUTE, name="race", batch=RACE_BATCH)
     start.wait()
     began = time.monotonic()
@@ -384,9 +384,9 @@ def test_units_held_by_idle_processes_are_the_under_admission_bound(redis_client
     # batch; a second later the quiet ones' leases end and their units come back
     engine = RedisEngine(redis_client)
     limit = Limit("hot", "fixed_window", RACE_LIMIT, MINUTE, name="race", batch=RACE_BATCH)
-    quiet = [Frontline(engine) for _ in range(RACERS)]
+    quiet = [LocalFirst(engine) for _ in range(RACERS)]
     assert all(front.evaluate([limit], now=T0 + 1).allowed for front in quiet)
-    busy = Frontline(engine)
+    busy = LocalFirst(engine)
     admitted = RACERS
     while busy.evaluate([limit], now=T0 + 2).allowed:
         admitted += 1

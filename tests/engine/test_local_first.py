@@ -14,7 +14,7 @@ import redis.cluster
 
 from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.cluster import ClusterEngine
-from ratelimits.engine.frontline import HOLD, DenyCache, Frontline
+from ratelimits.engine.local_first import HOLD, DenyCache, LocalFirst
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 from tests.redis_server import script_calls
@@ -36,11 +36,11 @@ def store(redis_client):
 
 @pytest.fixture
 def front(store):
-    yield Frontline(store)
+    yield LocalFirst(store)
     store.close()
 
 
-def _spend(front: Frontline, limit: Limit = LOGIN, at: float = T0) -> None:
+def _spend(front: LocalFirst, limit: Limit = LOGIN, at: float = T0) -> None:
     for _ in range(limit.limit):
         assert front.evaluate([limit], now=at).allowed
 
@@ -165,7 +165,7 @@ def test_a_flood_of_distinct_clients_keeps_the_cache_bounded():
 
 
 def test_the_store_down_raises_as_before(front, private_redis):
-    dead = Frontline(RedisEngine(redis.Redis(port=private_redis.port, socket_timeout=0.2)))
+    dead = LocalFirst(RedisEngine(redis.Redis(port=private_redis.port, socket_timeout=0.2)))
     private_redis.stop()
     from ratelimits.engine import EngineUnavailable
 
@@ -178,7 +178,7 @@ def test_on_a_cluster_too(cluster):
         startup_nodes=[redis.cluster.ClusterNode("127.0.0.1", p) for p in cluster.ports])
     client.flushall(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
     engine = ClusterEngine(client)
-    front = Frontline(engine)
+    front = LocalFirst(engine)
     try:
         _spend(front)
         assert not front.evaluate([LOGIN], now=T0 + 0.1).allowed

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import replace
 
 import pytest
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine, keys
+from ratelimits.engine.aio import AsyncRedisEngine
 from ratelimits.engine.keys import (
     OFFENDERS_CAP,
     OFFENDERS_TTL,
@@ -19,6 +22,7 @@ from ratelimits.engine.keys import (
     offender_errors_key,
     offenders_key,
 )
+from ratelimits.engine.live import BEAT_EVERY
 from tests.engine.conftest import T0
 
 # a client's own key, or a window algorithm's shard of a policy (8 + 3 characters)
@@ -129,11 +133,47 @@ def test_time_comes_from_the_server(engine, redis_client, monkeypatch):
     assert engine.evaluate([limit]).allowed
 
 
-def test_script_flush_is_survived(engine, redis_client):
+@pytest.mark.parametrize("side", ["blocking", "asyncio"])
+def test_script_flush_is_survived(redis_url, redis_client, side):
+    """SCRIPT FLUSH and FUNCTION FLUSH (a restart without persistence): the next call
+    loads the batch function, and the heartbeat riding on it its script, again; on the
+    blocking engine and on its asyncio twin alike (they run the same flows)."""
+    engine = RedisEngine(redis_client, version_key="rl:version", live_key="rl:live")
+    beat = engine.heartbeat
+    assert beat is not None
+    at = [0.0]
+    beat.clock = lambda: at[0]
+    loop = asyncio.new_event_loop()
+    if side == "blocking":
+        evaluate, read_version = engine.evaluate, engine.read_version
+    else:
+        twin = AsyncRedisEngine(engine, lambda: redis.asyncio.Redis.from_url(redis_url))
+
+        def evaluate(limits, now):
+            return loop.run_until_complete(twin.evaluate(limits, now))
+
+        def read_version():
+            return loop.run_until_complete(twin.read_version())
+
+    def flushed() -> None:
+        redis_client.script_flush()
+        redis_client.function_flush()
+        beat.count = None  # learnt again below, or the beat failed
+        at[0] += BEAT_EVERY  # the next call carries a beat
+
     limit = limit_for("sliding_log")
-    assert engine.evaluate([limit], now=T0).results[0].remaining == 4
-    redis_client.script_flush()
-    assert engine.evaluate([limit], now=T0).results[0].remaining == 3
+    try:
+        assert evaluate([limit], T0).results[0].remaining == 4
+        assert engine.live_instances == 1
+        flushed()
+        assert evaluate([limit], T0).results[0].remaining == 3
+        assert engine.live_instances == 1
+        flushed()
+        assert read_version() == 0
+        assert engine.live_instances == 1
+    finally:
+        loop.close()
+        engine.close()
 
 
 def test_a_flushed_library_is_loaded_again(engine, redis_client):
@@ -141,7 +181,7 @@ def test_a_flushed_library_is_loaded_again(engine, redis_client):
     assert engine.evaluate([limit], now=T0).results[0].remaining == 4
     redis_client.function_flush()
     assert engine.evaluate([limit], now=T0).results[0].remaining == 3
-    assert engine._script.mode == "fcall"
+    assert engine.script.mode == "fcall"
 
 
 def test_without_functions_the_same_script_runs_by_evalsha(private_redis):
@@ -154,7 +194,7 @@ def test_without_functions_the_same_script_runs_by_evalsha(private_redis):
     engine = RedisEngine(client)
     limit = limit_for("sliding_log")
     assert [engine.evaluate([limit], now=T0).allowed for _ in range(6)] == [True] * 5 + [False]
-    assert engine._script.mode == "evalsha"
+    assert engine.script.mode == "evalsha"
     stats = admin.info("commandstats")
     assert stats["cmdstat_evalsha"]["calls"] == 6 + 1  # the first met NOSCRIPT
     assert stats["cmdstat_fcall"]["rejected_calls"] == 1  # asked once, never again

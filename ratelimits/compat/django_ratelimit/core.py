@@ -30,12 +30,13 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from ratelimits import runtime
 from ratelimits.compat.django_ratelimit import ALL, UNSAFE
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.types import Outcome as EngineOutcome
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import SCOPE_PREFIX, registry
-from ratelimits.pipeline.state import RequestState, http_request, process, state_for
+from ratelimits.pipeline.state import RequestState, http_request, state_for
 from ratelimits.pipeline.verdict import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER, Outcome, Verdict
 
 __all__ = ["get_usage", "is_ratelimited"]
@@ -90,6 +91,9 @@ def upstream() -> Upstream:
         ipv6_mask=getattr(settings, "RATELIMIT_IPV6_MASK", 64),
         fail_open=bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False)),
     )
+
+
+runtime.on_reset(upstream.cache_clear)
 
 
 @receiver(setting_changed, dispatch_uid="ratelimits.compat.django_ratelimit.settings")
@@ -390,9 +394,8 @@ def _peek(request: Any, ask: Ask) -> Usage | None:
     if not planned:
         return None  # exempt by an override
     limit = replace(planned[0].limit, cost=0)
-    clock = process.test_clock
     try:
-        decision = get_engine().evaluate([limit], None if clock is None else clock.now())
+        decision = get_engine().evaluate([limit], runtime.decision_time())
     except EngineError:
         return None  # nothing is charged, so nothing to refuse (upstream reads 0)
     result = decision.results[0]

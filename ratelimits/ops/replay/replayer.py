@@ -22,12 +22,9 @@ from typing import Any
 from ratelimits.engine.memory import MemoryEngine, Prepared
 from ratelimits.ops.replay.formats import PARSERS, BadLine, LogError, detect_format
 from ratelimits.ops.replay.report import SlotTally, Tally
+from ratelimits.pipeline.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.pipeline.resolver import CompiledPolicy
 
-REPLAYABLE_KEYS = frozenset({"ip", "user", "user_or_ip", "global", "query"})
-#: Key kinds by which a log may be split across processes: each request's identities
-#: under such policies are one client's, so clients are decided independently.
-SPLITTABLE_KEYS = frozenset({"ip", "user", "user_or_ip"})
 #: Bounds of the per-run caches; a full cache is emptied (its content is recomputable).
 CACHE_SIZE = 100_000
 #: Lines between two progress reports (a power of two).
@@ -40,12 +37,10 @@ _NO_POLICY, _NOT_A_REQUEST = -1, -2
 
 def unreplayable(policy: CompiledPolicy) -> str | None:
     """Why a policy cannot be replayed from an access log, or None when it can."""
-    kind = policy.key_spec.kind
-    if kind == "header":
-        return f"key {policy.key}: an access log does not record request headers"
-    if kind == "call":
-        return f"key {policy.key}: a key function needs the live request"
-    if kind not in REPLAYABLE_KEYS:
+    kind = KEY_KINDS[policy.key_spec.kind]
+    if kind.from_log is None:
+        if kind.not_in_log:
+            return f"key {policy.key}: {kind.not_in_log}"
         return f"key {policy.key} cannot be read from an access log"
     if not policy.template.spec.replayable:
         algorithm = policy.template.algorithm
@@ -60,11 +55,20 @@ def unreplayable(policy: CompiledPolicy) -> str | None:
 def split_kind(policies: Sequence[CompiledPolicy]) -> str | None:
     """The key kind to split a log by across processes, or None when it must not be split:
     the replayable policies must all count by the same per-client key (no `global`, no
-    `query:`, no mix such as ip and user, whose requests tie clients together)."""
+    `query:`, no mix such as ip and user, whose requests tie clients together): each
+    request's identities under such policies are one client's, so clients are decided
+    independently."""
     kinds = {p.key_spec.kind for p in policies if unreplayable(p) is None}
-    if len(kinds) == 1 and kinds <= SPLITTABLE_KEYS:
+    if len(kinds) == 1 and kinds <= KEY_KINDS.splittable:
         return str(kinds.pop())
     return None
+
+
+def _log_reader(kind: KeyKind) -> LogReader:
+    """How a log line gives a replayed policy's identity (`unreplayable` let it in)."""
+    if kind.from_log is None:
+        raise ValueError(f"key {kind.name} cannot be read from an access log")
+    return kind.from_log
 
 
 class _Plan:
@@ -99,20 +103,6 @@ def _path_of(target: str) -> str:
         target = rest[slash:] if sep and slash >= 0 else "/"
     # The server percent-decodes PATH_INFO once before Django sees it.
     return normalize_path(unquote(target, errors="replace"))
-
-
-def _query_identity(query: str | None, name: str) -> str | None:
-    """What `request.GET.get(name)` gives (the last value), as a `query:` identity."""
-    from urllib.parse import parse_qsl
-
-    from ratelimits.pipeline.identity import _bounded
-
-    value = None
-    for k, v in parse_qsl(query or "", keep_blank_values=True):
-        if k == name:
-            value = v
-    value = value.strip() if value else None
-    return _bounded("query", value) if value else None
 
 
 class Replayer:
@@ -150,7 +140,7 @@ class Replayer:
                 raise ValueError("these policies cannot be split by client")
         self.shard = shard or (0, 1)
         self.tallies = [SlotTally() for _ in self.policies]
-        self._kinds = [p.key_spec.kind for p in self.policies]
+        self._kinds = [KEY_KINDS[p.key_spec.kind] for p in self.policies]
         self._routes: dict[tuple[str, str], tuple[int, bool]] = {}
         self._route_slots: list[tuple[int, ...]] = []  # indexes into self.policies
         self._route_ids: dict[tuple[int, ...], int] = {}
@@ -183,26 +173,24 @@ class Replayer:
             if rid is None:
                 rid = self._route_ids[matching] = len(self._route_slots)
                 self._route_slots.append(matching)
-            route = (rid, any(self._kinds[i] == "query" for i in matching))
+            route = (rid, any(self._kinds[i].log_query for i in matching))
         self._routes[(method, path)] = route
         return route
 
     def _plan(self, key: tuple[int, str | None, str | None, str | None]) -> _Plan:
-        from ratelimits.pipeline.identity import _bounded, client_ip
+        from ratelimits.pipeline.identity import bounded, client_ip
 
         if len(self._plans) >= CACHE_SIZE:
             self._plans.clear()
         rid, ip, user, query = key
         user = None if user == "-" else user
         address = None if ip is None else client_ip({"REMOTE_ADDR": ip}, (), self.ipv6_prefix)
-        by_kind: dict[str, str | None] = {
-            "ip": None if address is None else f"ip:{address}",
-            "user": None if user is None else _bounded("user", user),
-            "global": "global",
-        }
-        by_kind["user_or_ip"] = by_kind["user"] or by_kind["ip"]
+        line = Logged(None if address is None else f"ip:{address}",
+                      None if user is None else bounded("user", user), query)
         shard = 0  # a request without an identity is only counted (unidentified), by 0
-        owner = None if self.split_by is None else by_kind[self.split_by]
+        owner = None
+        if self.split_by is not None:
+            owner = _log_reader(KEY_KINDS[self.split_by])(line, "")
         if owner is not None:
             shard = self._owners.get(owner, -1)
             if shard < 0:
@@ -213,10 +201,7 @@ class Replayer:
         matched, idents, preps, missing = [], [], [], []
         for i in self._route_slots[rid]:
             policy = self.policies[i]
-            if self._kinds[i] == "query":
-                ident = _query_identity(query, policy.key_spec.arg)
-            else:
-                ident = by_kind[self._kinds[i]]
+            ident = _log_reader(self._kinds[i])(line, policy.key_spec.arg)
             if ident is None:
                 missing.append(self.tallies[i])
                 continue

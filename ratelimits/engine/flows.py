@@ -1,0 +1,53 @@
+"""I/O written once as a flow, run by a blocking caller and by an async one.
+
+A flow is a generator that yields what it needs done (a store call, a Redis command,
+anything that may block) and is sent the result, or has the error thrown in, so that
+its own `try` blocks see it. `run_flow` performs each need in the calling thread;
+`arun_flow` awaits it. Both return what the flow returns. A decision, the Redis
+transport (`transport`, `functions`, `live`) and a lease are flows: the engine and its
+asyncio twin (`engine.aio`) differ only in how they perform a need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
+
+__all__ = ["Flow", "arun_flow", "run_flow"]
+
+T = TypeVar("T")
+Flow = Generator[Any, Any, T]
+
+
+def run_flow(flow: Flow[T], perform: Callable[[Any], Any]) -> T:
+    """Run `flow` to its end, each need performed by `perform(need)` in this thread."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            need = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        value, error = None, None
+        try:
+            value = perform(need)
+        except BaseException as exc:  # a cancelled task too: the flow cleans up, re-raises
+            error = exc
+
+
+async def arun_flow(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
+    """`run_flow` for async code: each need is awaited (`await perform(need)`)."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            need = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        value, error = None, None
+        try:
+            value = await perform(need)
+        except BaseException as exc:  # a cancelled task too: the flow cleans up, re-raises
+            error = exc
