@@ -35,6 +35,7 @@ screenshots: $(STAMP) $(CHROMIUM)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # `make demo PORT=8001` when 8000 is taken.
 PORT ?= 8000

@@ -78,8 +78,8 @@ def write_log(path: Path, lines: int, seed: int = 1) -> None:
 def policies():
     """Three compiled policies on every path, without Django or a database."""
     from ratelimits.engine import Limit
-    from ratelimits.pipeline.keykinds import parse_key
-    from ratelimits.pipeline.paths import PathPattern
+    from ratelimits.matching.keykinds import parse_key
+    from ratelimits.matching.paths import PathPattern
     from ratelimits.pipeline.resolver import CompiledPolicy
 
     def compiled(i, name, mode, key, algorithm, limit, period, burst=None):

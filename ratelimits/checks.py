@@ -66,7 +66,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     )
                 )
     if config["METRICS"]:
-        from ratelimits.ops.metrics import available
+        from ratelimits.pipeline.metrics import available
 
         if not available():
             messages.append(
@@ -163,8 +163,8 @@ def admin_index() -> str | None:
 def locks_out_admin(policy: Any, admin_url: str) -> bool:
     """Whether an enforced, unscoped policy limits GET requests to the admin's index: a
     client it refuses cannot open the admin to undo it."""
+    from ratelimits.matching.paths import PathPattern, normalize_path
     from ratelimits.models import Mode, split_methods
-    from ratelimits.pipeline.paths import PathPattern, normalize_path
 
     if policy.mode != Mode.ENFORCE or policy.scope:
         return False

@@ -20,6 +20,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimits.engine.deployments import parse_redis_url
+from ratelimits.matching.identity import is_header_name, parse_trusted_proxies
 from ratelimits.runtime import on_reset
 
 HEADER_STYLES = ("ietf", "legacy", "both", "none")
@@ -70,14 +71,10 @@ def _trusted_proxies(value: Any) -> tuple[Any, ...]:
         raise ValueError(f"must be a list of IP addresses or CIDRs, got {value!r}")
     if not value:
         return ()
-    from ratelimits.pipeline.identity import parse_trusted_proxies
-
     return tuple(parse_trusted_proxies(value))
 
 
 def _proxy_header(value: Any) -> str:
-    from ratelimits.pipeline.identity import is_header_name
-
     if not isinstance(value, str) or not is_header_name(value.strip()):
         raise ValueError(
             "must name the one header your trusted proxy sets, as it is sent: "
@@ -143,7 +140,7 @@ SETTINGS: dict[str, Setting] = {
     "BREAKER_COOLDOWN": Setting(1.0, _timeout),
     # How many app instances share the limits: on_error="local" gives each its share.
     "INSTANCES": Setting(1, _positive_int),
-    # Prometheus counters and engine latency (needs prometheus_client; see ops/metrics.py).
+    # Prometheus counters and engine latency (needs prometheus_client; see pipeline/metrics.py).
     "METRICS": Setting(False, _boolean),
 }
 
@@ -191,6 +188,3 @@ def reset_config() -> None:
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "RATELIMITS":
         reset_config()
-        from ratelimits.pipeline.resolver import resolver
-
-        resolver.invalidate(None)  # compiled with the old settings (MAX_DELAY)

@@ -94,7 +94,7 @@ class KeyField(models.CharField):  # type: ignore[type-arg]
     new kind shows in the admin without a migration for the field's help text."""
 
     def formfield(self, **kwargs: Any) -> Any:
-        from ratelimits.pipeline.keykinds import KEY_KINDS
+        from ratelimits.matching.keykinds import KEY_KINDS
 
         return super().formfield(**{**kwargs, "help_text": KEY_KINDS.help_text()})
 
@@ -268,8 +268,8 @@ class Policy(models.Model):
         self.path = (self.path or "").strip()
         self.key = (self.key or "").strip()
 
-        from ratelimits.pipeline.keykinds import parse_key
-        from ratelimits.pipeline.paths import PathPattern
+        from ratelimits.matching.keykinds import parse_key
+        from ratelimits.matching.paths import PathPattern
 
         try:
             parse_key(self.key)
@@ -438,7 +438,7 @@ class PolicyDashboard(Policy):
 
 class Override(models.Model):
     """A client, network, group or tier that gets another limit under one policy, or is
-    exempt from it (see `ratelimits.pipeline.overrides` for the precedence)."""
+    exempt from it (see `ratelimits.matching.overrides` for the precedence)."""
 
     policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="overrides")
     match = models.CharField(
@@ -484,7 +484,7 @@ class Override(models.Model):
             policy = None
         if policy is not None:
             from ratelimits.conf import get_config
-            from ratelimits.pipeline.overrides import parse_match
+            from ratelimits.matching.overrides import parse_match
 
             try:
                 parse_match(policy.key, self.match, get_config()["IPV6_PREFIX"])

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from ratelimits.ops.metrics import metrics_view
+from ratelimits.pipeline.metrics import metrics_view
 
 app_name = "ratelimits"
 

@@ -12,7 +12,7 @@ from django.test import RequestFactory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimits.pipeline.identity import (
+from ratelimits.matching.identity import (
     MAX_IDENTITY,
     IdentityError,
     client_ip,
@@ -20,7 +20,7 @@ from ratelimits.pipeline.identity import (
     parse_trusted_proxies,
     reset_proxy_warning,
 )
-from ratelimits.pipeline.keykinds import KeySpec, parse_key
+from ratelimits.matching.keykinds import KeySpec, parse_key
 
 factory = RequestFactory()
 PROXIES = parse_trusted_proxies(["10.0.0.0/8", "2001:db8:ffff::/48"])

@@ -9,9 +9,9 @@ import pytest
 from django.contrib import admin
 from django.test import RequestFactory
 
+from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Proxies, parse_key
+from ratelimits.matching.overrides import parse_match
 from ratelimits.models import Policy
-from ratelimits.pipeline.keykinds import KEY_KINDS, KeyKind, Proxies, parse_key
-from ratelimits.pipeline.overrides import parse_match
 
 factory = RequestFactory()
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ratelimits.pipeline.paths import MAX_PATH_LENGTH, PathPattern, normalize_path
+from ratelimits.matching.paths import MAX_PATH_LENGTH, PathPattern, normalize_path
 
 LOGIN = "/api/login"
 

@@ -12,8 +12,8 @@ from ratelimits import runtime
 from ratelimits.compat.django_ratelimit.core import upstream
 from ratelimits.conf import get_config
 from ratelimits.engine import Limit, MemoryEngine, RedisEngine, keys
-from ratelimits.ops.metrics import recorder_for
-from ratelimits.pipeline.identity import client_ip, parse_trusted_proxies
+from ratelimits.matching.identity import client_ip, parse_trusted_proxies
+from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.report import log_unavailable
 from ratelimits.pipeline.resolver import pinned_snapshot, resolver
 from ratelimits.pipeline.state import process

@@ -18,7 +18,7 @@ def reset_client(policy: Any, typed: str) -> str:
     be one of this policy's, the policy is invalid, or the store does not answer.
     """
     from ratelimits.conf import get_config
-    from ratelimits.pipeline.keykinds import identity_from_text
+    from ratelimits.matching.keykinds import identity_from_text
     from ratelimits.pipeline.resolver import compile_policy
     from ratelimits.pipeline.store import get_engine
 

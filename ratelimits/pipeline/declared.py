@@ -92,8 +92,8 @@ class Registry:
         unless `replace`: then the new figures apply from the next request on (a rate
         read from settings that changed). `reader`, a function of the request,
         identifies the client instead of `key` (which becomes `code:<name>`)."""
+        from ratelimits.matching.identity import register_reader
         from ratelimits.models import Mode
-        from ratelimits.pipeline.identity import register_reader
 
         if reader is not None:
             code["key"] = f"code:{name}"

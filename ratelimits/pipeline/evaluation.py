@@ -30,10 +30,10 @@ from ratelimits.engine import flows
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.flows import arun_flow, run_flow
 from ratelimits.engine.types import Decision
-from ratelimits.ops.metrics import recorder_for
+from ratelimits.matching.keykinds import KEY_KINDS
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.fallback import fallback
-from ratelimits.pipeline.keykinds import KEY_KINDS
+from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.report import (
     deferred_signals,
@@ -236,7 +236,7 @@ def _evaluate(
     if state.exempt:
         return None
     if state.path is None:
-        from ratelimits.pipeline.paths import normalize_path
+        from ratelimits.matching.paths import normalize_path
 
         state.path = normalize_path(base.path_info)
         if not base.path_info.endswith("/") and redirects_with_slash(base):

@@ -38,7 +38,7 @@ def plan(
     replaces the policy's for this client (see `pipeline.overrides`); `members` are the
     snapshot's group memberships, the tier is asked once per request (`state`).
     """
-    from ratelimits.pipeline.identity import IdentityError
+    from ratelimits.matching.identity import IdentityError
 
     planned: list[Planned] = []
     failed: list[Any] = []

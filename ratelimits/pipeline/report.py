@@ -56,7 +56,7 @@ def method_of(request: Any) -> str:
 
 def report(request: Any, outcome: Any, sender: type) -> None:
     """One log record and one signal for a rejection or a would-be rejection."""
-    from ratelimits.pipeline.identity import display_identity
+    from ratelimits.matching.identity import display_identity
 
     policy, result = outcome.policy, outcome.result
     path = path_of(request)

@@ -21,12 +21,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
 from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Limit
+from ratelimits.matching.overrides import OverrideTable, Rule, parse_match
 from ratelimits.pipeline.declared import numbered, registry
-from ratelimits.pipeline.overrides import OverrideTable, Rule, parse_match
 from ratelimits.pipeline.state import process
 
 logger = logging.getLogger("ratelimits")
@@ -87,8 +90,8 @@ class CompiledPolicy:
     name: str
     mode: str
     key: str  # as written: "ip", "header:X-Api-Key"
-    key_spec: Any  # ratelimits.pipeline.keykinds.KeySpec
-    pattern: Any  # ratelimits.pipeline.paths.PathPattern
+    key_spec: Any  # ratelimits.matching.keykinds.KeySpec
+    pattern: Any  # ratelimits.matching.paths.PathPattern
     methods: frozenset[str]  # empty: every method
     scope: str  # "": not tied to a DRF scope
     on_error: str
@@ -169,9 +172,9 @@ class Snapshot:
 def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy:
     """Parse one `Policy` row and its `Override` rows; ValueError when the policy is
     invalid (saved around clean()); an invalid override is skipped."""
+    from ratelimits.matching.keykinds import parse_key
+    from ratelimits.matching.paths import PathPattern
     from ratelimits.models import split_methods
-    from ratelimits.pipeline.keykinds import parse_key
-    from ratelimits.pipeline.paths import PathPattern
 
     return CompiledPolicy(
         id=policy.pk,
@@ -448,3 +451,9 @@ class Resolver:
 
 resolver = Resolver()
 runtime.on_reset(resolver.reset)
+
+
+@receiver(setting_changed, dispatch_uid="ratelimits.resolver.settings")
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RATELIMITS":
+        resolver.invalidate(None)  # compiled with the old settings (MAX_DELAY)

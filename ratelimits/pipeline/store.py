@@ -181,7 +181,7 @@ SAMPLES, LATENCY_US, LIMIT_SUM = "n", "t", "k"
 def _sampled(limit: Limit, at: float, latency: float, learnt: int) -> None:
     if not limit.name:
         return
-    from ratelimits.ops.metrics import recorder_for
+    from ratelimits.pipeline.metrics import recorder_for
 
     recorder = recorder_for(get_config())
     if recorder is not None:

@@ -21,7 +21,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from ratelimits.conf import build_config, get_config
-from ratelimits.ops import metrics
+from ratelimits.pipeline import metrics
 
 SCRAPE = "/ratelimits/metrics/"
 
@@ -265,7 +265,7 @@ settings.configure(RATELIMITS={"METRICS": True})
 django.setup()
 from ratelimits.conf import get_config
 from ratelimits.engine import Limit, MemoryEngine
-from ratelimits.ops import metrics
+from ratelimits.pipeline import metrics
 
 name, requests = sys.argv[1], int(sys.argv[2])
 recorder = metrics.recorder_for(get_config())

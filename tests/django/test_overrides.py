@@ -11,8 +11,8 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from ratelimits.engine.types import Limit
+from ratelimits.matching.overrides import Match, OverrideTable, Rule, parse_match
 from ratelimits.models import Override
-from ratelimits.pipeline.overrides import Match, OverrideTable, Rule, parse_match
 
 pytestmark = pytest.mark.django_db
 URL = "/admin/ratelimits/override/"

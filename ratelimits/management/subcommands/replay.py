@@ -16,10 +16,10 @@ from ratelimits.conf import get_config
 from ratelimits.management.subcommands.lookup import policy_named
 from ratelimits.management.subcommands.subcommand import Subcommand
 from ratelimits.management.subcommands.text import count, dumps, table
+from ratelimits.matching.identity import display_identity
 from ratelimits.ops.dashboard import percent
 from ratelimits.ops.replay import LogError, Report, replay_file
 from ratelimits.ops.replay.selection import Selection, enabled_policies, select
-from ratelimits.pipeline.identity import display_identity
 
 
 def add_arguments(parser: ArgumentParser) -> None:

@@ -9,11 +9,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ratelimits.management.subcommands.lookup import policy_named
 from ratelimits.management.subcommands.subcommand import Subcommand
+from ratelimits.matching.identity import display_identity
 from ratelimits.models import Policy
 from ratelimits.ops import observe
 from ratelimits.ops.reset import reset_client
 from ratelimits.pipeline import store
-from ratelimits.pipeline.identity import display_identity
 from ratelimits.pipeline.resolver import compile_policy
 
 

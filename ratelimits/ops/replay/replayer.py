@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ratelimits.engine.memory import MemoryEngine, Prepared
+from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.ops.replay.formats import PARSERS, BadLine, LogError, detect_format
 from ratelimits.ops.replay.report import SlotTally, Tally
-from ratelimits.pipeline.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.pipeline.resolver import CompiledPolicy
 
 #: Bounds of the per-run caches; a full cache is emptied (its content is recomputable).
@@ -95,7 +95,7 @@ def _path_of(target: str) -> str:
     """A request target (origin or absolute form, query removed) as the middleware sees it."""
     from urllib.parse import unquote
 
-    from ratelimits.pipeline.paths import normalize_path
+    from ratelimits.matching.paths import normalize_path
 
     if not target.startswith("/"):
         _, sep, rest = target.partition("://")
@@ -178,7 +178,7 @@ class Replayer:
         return route
 
     def _plan(self, key: tuple[int, str | None, str | None, str | None]) -> _Plan:
-        from ratelimits.pipeline.identity import bounded, client_ip
+        from ratelimits.matching.identity import bounded, client_ip
 
         if len(self._plans) >= CACHE_SIZE:
             self._plans.clear()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
-from ratelimits.pipeline.identity import (
+from ratelimits.matching.identity import (
     DEFAULT_PROXY_HEADER,
     Network,
     bounded,

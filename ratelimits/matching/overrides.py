@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits.engine.types import Limit
-from ratelimits.pipeline.keykinds import KEY_KINDS, identity_from_text, parse_key
+from ratelimits.matching.keykinds import KEY_KINDS, identity_from_text, parse_key
 
 __all__ = ["Match", "OverrideTable", "Rule", "parse_match"]
 
