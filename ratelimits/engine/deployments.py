@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit, urlunsplit
 
 import redis
+import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
@@ -327,22 +328,42 @@ def _plain_async_pool(pool: Any, kwargs: dict[str, Any]) -> Any:
     )
 
 
+def _sentinels(pool: Any) -> list[tuple[str, int]]:
+    """The (host, port) of each sentinel that a Sentinel pool's manager asks."""
+    return [(s.connection_pool.connection_kwargs["host"],
+             s.connection_pool.connection_kwargs["port"])
+            for s in pool.sentinel_manager.sentinels]
+
+
+def _sentinel_options(pool: Any, kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
+    """How the limiter asks the sentinels for the primary: the cache's sentinel options
+    (password, TLS) with the limiter's timeouts and no retries, so an unreachable
+    sentinel fails the call at once instead of waiting out redis-py's backoff."""
+    return {
+        **(pool.sentinel_manager.sentinel_kwargs or {}),
+        "socket_timeout": kwargs.get("socket_timeout"),
+        "socket_connect_timeout": kwargs.get("socket_connect_timeout"),
+        "retry": retry,
+    }
+
+
 def _sentinel_pool(pool: Any, kwargs: dict[str, Any]) -> Any:
+    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        _sentinels(pool), min_other_sentinels=pool.sentinel_manager.min_other_sentinels,
+        sentinel_kwargs=_sentinel_options(pool, kwargs, Retry(NoBackoff(), 0)),
+    )
     return SentinelConnectionPool(  # type: ignore[no-untyped-call]
-        pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs
+        pool.service_name, manager, is_master=pool.is_master, **kwargs
     )
 
 
 def _sentinel_async_pool(pool: Any, kwargs: dict[str, Any]) -> Any:
     import redis.asyncio.sentinel
+    from redis.asyncio.retry import Retry as AsyncRetry
 
-    manager = pool.sentinel_manager
-    sentinels = [(s.connection_pool.connection_kwargs["host"],
-                  s.connection_pool.connection_kwargs["port"])
-                 for s in manager.sentinels]
     async_manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        sentinels, min_other_sentinels=manager.min_other_sentinels,
-        sentinel_kwargs=manager.sentinel_kwargs,
+        _sentinels(pool), min_other_sentinels=pool.sentinel_manager.min_other_sentinels,
+        sentinel_kwargs=_sentinel_options(pool, kwargs, AsyncRetry(NoBackoff(), 0)),
     )
     return redis.asyncio.sentinel.SentinelConnectionPool(  # type: ignore[no-untyped-call]
         pool.service_name, async_manager, is_master=pool.is_master, **kwargs
