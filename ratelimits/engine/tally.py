@@ -30,7 +30,7 @@ from ratelimits.engine.constants import OFFENDER_CHARS, US
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.types import Decision, Outcome
 
-__all__ = ["FLUSH_EVERY", "Counts", "Tally"]
+__all__ = ["FLUSH_EVERY", "Counts", "Tally", "discard_all"]
 
 #: Tallied counters and offenders reach the store at most this late (seconds).
 FLUSH_EVERY = 1.0
@@ -54,12 +54,16 @@ class Tally:
         self._counts: Counts = {}
         self._offenders: Counts = {}
         self._flushing = False
+        #: Held from taking the counts to sending them, so `discard()` returns only once
+        #: a flush in the background thread has delivered what it took.
+        self._sending = threading.Lock()
         self._first = 0.0  # monotonic time of the oldest count not yet taken
         self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._pid = os.getpid()
         atexit.register(_close_at_exit, weakref.ref(self))
+        _tallies.add(self)
 
     def add(self, decision: Decision, now_us: int) -> None:
         """Count each named limit's outcome in `decision`, made at `now_us` (µs)."""
@@ -138,15 +142,21 @@ class Tally:
 
     def flush(self) -> None:
         """Send what is tallied now. On failure it stays tallied and EngineError is raised."""
-        counts, offenders = self.take()
-        try:
-            if counts or offenders:
-                self._send(counts, offenders)
-        except EngineError:
-            self._restore(counts, offenders)
-            raise
-        finally:
-            self._flushing = False
+        with self._sending:
+            counts, offenders = self.take()
+            try:
+                if counts or offenders:
+                    self._send(counts, offenders)
+            except EngineError:
+                self._restore(counts, offenders)
+                raise
+            finally:
+                self._flushing = False
+
+    def discard(self) -> None:
+        """Drop what is tallied and not sent yet (a send in progress ends first)."""
+        with self._sending, self._lock:
+            self._counts, self._offenders = {}, {}
 
     def close(self) -> None:
         """Flush what is tallied and stop the background thread (also run at exit)."""
@@ -180,6 +190,18 @@ class Tally:
                                                     thread_name_prefix="ratelimits-tally")
                     self._pool_pid = os.getpid()
         return self._pool
+
+
+#: Every tally of this process that is still referenced (`discard_all`).
+_tallies: weakref.WeakSet[Tally] = weakref.WeakSet()
+
+
+def discard_all() -> None:
+    """Drop every tally's unsent counts, after any send in progress has ended: from here
+    on, nothing counted so far reaches a store. For a test suite that empties its
+    database between tests; a process that means to keep its counts closes its engines."""
+    for tally in list(_tallies):
+        tally.discard()
 
 
 def _close_at_exit(ref: weakref.ref[Tally]) -> None:
