@@ -36,6 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python tools/check_duplicates.py
 
 # `make demo PORT=8001` when 8000 is taken.
 PORT ?= 8000

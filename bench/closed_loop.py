@@ -135,7 +135,9 @@ def load(port: int, path: str, clients: int, seconds: float, *, warmup: float = 
                     mine.append((response.status, ended - sent))
                 if response.status != 200:
                     wait = min(MAX_BACKOFF, _retry_after(response))
-                    time.sleep(wait * jitter.uniform(0.5, 1.5))
+                    # a wait past the end sends nothing more: the run is over at `end`
+                    time.sleep(max(0.0, min(wait * jitter.uniform(0.5, 1.5),
+                                            end - time.monotonic())))
         finally:
             conn.close()
             with guard:

@@ -42,7 +42,7 @@ PERIOD = 60.0
 def spread_limits(client: Any, n: int) -> list[Any]:
     """`n` limits of one client whose keys sit on `n` different primaries."""
     from ratelimits.engine import Limit
-    from ratelimits.engine.keys import base_key
+    from ratelimits.engine.keynames import base_key
 
     chosen: list[Any] = []
     nodes: set[str] = set()
@@ -75,7 +75,7 @@ def _commandstats(servers: list[Any]) -> dict[str, dict[str, int]]:
 def _spread(client: Any) -> tuple[float, dict[str, int]]:
     """How one policy's keys of 100,000 clients fall on the primaries: max/mean, counts."""
     from ratelimits.engine import Limit
-    from ratelimits.engine.keys import base_key
+    from ratelimits.engine.keynames import base_key
 
     owner = client.nodes_manager.get_node_from_slot
     counts = Counter(

@@ -60,11 +60,11 @@ def measure(rounds: int, n: int) -> dict[str, Any]:
 
         from ratelimits.middleware import RateLimitMiddleware
         from ratelimits.models import Override, Policy
-        from ratelimits.pipeline import evaluation
+        from ratelimits.pipeline import decision
         from ratelimits.pipeline.resolver import load_snapshot, resolver
         from ratelimits.pipeline.store import get_engine
 
-        evaluation.DB_CHECK_EVERY = float("inf")  # the bench swaps snapshots itself
+        decision.DB_CHECK_EVERY = float("inf")  # the bench swaps snapshots itself
         policy = Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",
                                        limit=10**9, period=60, key="ip", path="*")
         middleware = RateLimitMiddleware(lambda request: HttpResponse("hello"))

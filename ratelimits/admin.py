@@ -19,8 +19,10 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
 
+from ratelimits.checks import LOCKOUT_HINT, admin_index, lockout_message, locks_out_admin
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import dashboard, observe
+from ratelimits.ops.reset import reset_client
 from ratelimits.pipeline.declared import CODE_FIELDS
 from ratelimits.receivers import schedule_policies_changed
 
@@ -155,8 +157,6 @@ class PolicyAdmin(_ModelAdmin):
 
     def reset_client_view(self, request: Any, object_id: str) -> Any:
         """Forget one client's state under this policy (POST with `identity`)."""
-        from ratelimits.ops.reset import reset_client
-
         # get_object() answers None for a malformed id ("abc") as for a missing one.
         policy = self.get_object(request, unquote(object_id))
         if policy is None:
@@ -286,8 +286,6 @@ def _change_url(policy: Policy) -> str:
 def _warn_lockout(model_admin: Any, request: Any, policies: list[Policy]) -> None:
     """Warn, as check ratelimits.W004 does, about saved policies that limit the admin's
     own pages: the operator who just enforced one may be the client it refuses next."""
-    from ratelimits.checks import LOCKOUT_HINT, admin_index, lockout_message, locks_out_admin
-
     url = admin_index()
     if url is None:
         return

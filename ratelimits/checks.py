@@ -19,7 +19,14 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
+from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
+
+from ratelimits.conf import build_config
+from ratelimits.matching.paths import PathPattern, normalize_path
+from ratelimits.pipeline.metrics import available
+from ratelimits.pipeline.store import cache_backend, is_redis_backend
 
 MIDDLEWARE = "ratelimits.middleware.RateLimitMiddleware"
 THROTTLE = "ratelimits.throttling.PolicyThrottle"
@@ -28,9 +35,6 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from ratelimits.conf import build_config
-    from ratelimits.pipeline.store import cache_backend, is_redis_backend
-
     try:
         config = build_config(getattr(settings, "RATELIMITS", None))
     except ImproperlyConfigured as exc:
@@ -65,18 +69,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                         id="ratelimits.E004",
                     )
                 )
-    if config["METRICS"]:
-        from ratelimits.pipeline.metrics import available
-
-        if not available():
-            messages.append(
-                checks.Warning(
-                    "RATELIMITS['METRICS'] is True but prometheus_client is not installed: "
-                    "no metrics are recorded and the metrics view answers 404.",
-                    hint='pip install "django-ratelimits[prometheus]"',
-                    id="ratelimits.W003",
-                )
+    if config["METRICS"] and not available():
+        messages.append(
+            checks.Warning(
+                "RATELIMITS['METRICS'] is True but prometheus_client is not installed: "
+                "no metrics are recorded and the metrics view answers 404.",
+                hint='pip install "django-ratelimits[prometheus]"',
+                id="ratelimits.W003",
             )
+        )
     if config["REDIS_URL"] is not None:
         return messages  # the engine's own Redis: CACHE is not used, and limits are shared
     alias = config["CACHE"]
@@ -152,8 +153,6 @@ def check_installation(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 def admin_index() -> str | None:
     """The path of the admin's index in the URLconf, or None without an admin."""
-    from django.urls import NoReverseMatch, reverse
-
     try:
         return reverse("admin:index")
     except NoReverseMatch:
@@ -163,7 +162,7 @@ def admin_index() -> str | None:
 def locks_out_admin(policy: Any, admin_url: str) -> bool:
     """Whether an enforced, unscoped policy limits GET requests to the admin's index: a
     client it refuses cannot open the admin to undo it."""
-    from ratelimits.matching.paths import PathPattern, normalize_path
+    # apps.py imports this module before the app registry is ready: no models at the top
     from ratelimits.models import Mode, split_methods
 
     if policy.mode != Mode.ENFORCE or policy.scope:
@@ -201,9 +200,7 @@ def check_admin_lockout(
     `runserver` does not query the database)."""
     if not databases:
         return []
-    from django.db import DatabaseError
-
-    from ratelimits.models import Mode, Policy
+    from ratelimits.models import Mode, Policy  # not at the top: see locks_out_admin
 
     url = admin_index()
     if url is None:

@@ -10,6 +10,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from ratelimits.conf import get_config
 from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
     LEARNED_ALGORITHMS,
@@ -18,6 +19,9 @@ from ratelimits.engine.registry import (
     WARMUP_ALGORITHMS,
 )
 from ratelimits.engine.types import Limit
+from ratelimits.matching.keykinds import KEY_KINDS, parse_key
+from ratelimits.matching.overrides import parse_match
+from ratelimits.matching.paths import PathPattern
 
 _METHOD = re.compile(r"^[A-Z]+$")
 # `\Z`, not `$`: `$` also matches before a final newline, and the name reaches
@@ -94,9 +98,22 @@ class KeyField(models.CharField):  # type: ignore[type-arg]
     new kind shows in the admin without a migration for the field's help text."""
 
     def formfield(self, **kwargs: Any) -> Any:
-        from ratelimits.matching.keykinds import KEY_KINDS
-
         return super().formfield(**{**kwargs, "help_text": KEY_KINDS.help_text()})
+
+
+class AlgorithmField(models.CharField):  # type: ignore[type-arg]
+    """A policy's `algorithm`, one of the registry's (`engine.registry.REGISTRY`): the
+    choices are read from it when the model loads and are not written into migrations,
+    so a new algorithm is its registry entry, with no migration for the field."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["choices"] = ALGORITHM_CHOICES
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self) -> Any:
+        name, path, args, kwargs = super().deconstruct()
+        kwargs.pop("choices", None)
+        return name, path, args, kwargs
 
 
 class Policy(models.Model):
@@ -123,7 +140,7 @@ class Policy(models.Model):
         help_text="Percent of clients an enforced policy is enforced for (1-100); the others "
         "are counted as in shadow. The same clients stay in as it rises.",
     )
-    algorithm = models.CharField(max_length=20, choices=ALGORITHM_CHOICES, default="sliding_window")
+    algorithm = AlgorithmField(max_length=20, default="sliding_window")
     limit = models.PositiveIntegerField(
         validators=[MinValueValidator(1)],
         help_text="Requests (or cost units) per period; for concurrency, requests in flight; "
@@ -267,10 +284,6 @@ class Policy(models.Model):
             add("scope", "Use letters, digits, '_', '-', '.' or ':' as in DRF's throttle_scope.")
         self.path = (self.path or "").strip()
         self.key = (self.key or "").strip()
-
-        from ratelimits.matching.keykinds import parse_key
-        from ratelimits.matching.paths import PathPattern
-
         try:
             parse_key(self.key)
         except ValueError as exc:
@@ -341,8 +354,6 @@ class Policy(models.Model):
     def _check_waits(self, spec: Any, add: Any) -> bool:
         """max_wait and warm-up on an algorithm that takes them, and a wait no longer
         than MAX_DELAY; False when one is wrong (the rest is then not worth checking)."""
-        from ratelimits.conf import get_config
-
         if self.max_wait is None or self.max_wait < 0:
             return False  # the field's own validator says so
         ok = True
@@ -369,8 +380,6 @@ class Policy(models.Model):
         held longer, so a longer queue would refuse requests that it claims to admit."""
         if not spec.delays:
             return
-        from ratelimits.conf import get_config
-
         max_delay = get_config()["MAX_DELAY"]
         longest = spec.queue_within(limit, max_delay - limit.max_wait)
         if spec.burst_of(limit) > longest:
@@ -483,9 +492,6 @@ class Override(models.Model):
         except Policy.DoesNotExist:
             policy = None
         if policy is not None:
-            from ratelimits.conf import get_config
-            from ratelimits.matching.overrides import parse_match
-
             try:
                 parse_match(policy.key, self.match, get_config()["IPV6_PREFIX"])
             except ValueError as exc:

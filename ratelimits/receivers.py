@@ -7,21 +7,24 @@ import contextvars
 import logging
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.signals import request_finished, request_started
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 from django.dispatch import receiver
+from django.urls import get_resolver
 
 from ratelimits.models import Override, Policy
+from ratelimits.pipeline.declared import registry
+from ratelimits.pipeline.evaluation import release
+from ratelimits.pipeline.resolver import resolver
+from ratelimits.pipeline.store import get_engine
 
 logger = logging.getLogger("ratelimits")
 
 
 def policies_changed() -> None:
     """Bump the shared policy version and rebuild this process's snapshot."""
-    from ratelimits.pipeline.resolver import resolver
-    from ratelimits.pipeline.store import get_engine
-
     version = None
     try:
         version = get_engine().bump_version()
@@ -55,8 +58,6 @@ def _policy_changed(sender: Any, using: str | None = None, **kwargs: Any) -> Non
 def _members_changed(sender: Any, using: str | None = None, **kwargs: Any) -> None:
     """Group overrides follow their groups' members: a user added to or removed from a
     group changes what the snapshot holds (only when some override names a group)."""
-    from django.contrib.auth import get_user_model
-
     if not str(kwargs.get("action", "")).startswith("post_"):
         return
     if sender is get_user_model().groups.through and Override.objects.filter(
@@ -87,8 +88,6 @@ def _on_request_started(**kwargs: Any) -> None:
 
 @receiver(request_finished, dispatch_uid="ratelimits.request_finished")
 def _on_request_finished(**kwargs: Any) -> None:
-    from ratelimits.pipeline.evaluation import release
-
     pending = _finishing.get()
     if pending:
         for request in pending:
@@ -102,10 +101,6 @@ def _write_declared(sender: Any, using: str | None = None, **kwargs: Any) -> Non
     before the first request. Importing the URLconf imports the decorated views."""
     if getattr(sender, "name", None) != "ratelimits":
         return
-    from django.urls import get_resolver
-
-    from ratelimits.pipeline.declared import registry
-
     try:
         get_resolver().url_patterns  # noqa: B018  (the import is the point)
     except Exception as exc:  # a broken URLconf is for runserver to report

@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ratelimits.engine import MemoryEngine
+from ratelimits.pipeline import store
+from ratelimits.pipeline.resolver import load_snapshot, pinned_snapshot, resolver
+from ratelimits.pipeline.state import reset_state
 from ratelimits.runtime import use_clock
 
 __all__ = ["Clock", "Limits", "limited"]
@@ -99,29 +102,21 @@ class Limits:
 
     def use(self, *policies: Mapping[str, Any] | Any) -> None:
         """Decide with these policies from now on (replacing the ones installed)."""
-        from ratelimits.pipeline.resolver import pinned_snapshot, resolver
-
         resolver.pinned = pinned_snapshot(policies)
         self._policies = list(policies)
 
     def load(self) -> None:
         """Decide with the policies saved in the test database (and their overrides),
         as they are now: call it again after changing them."""
-        from ratelimits.pipeline.resolver import load_snapshot, resolver
-
         resolver.pinned = None
         resolver.pinned = load_snapshot(None)
 
     def reset(self) -> None:
         """Forget every count, as if no request had been made."""
-        from ratelimits.pipeline import store
-
         self.engine = MemoryEngine()
         store.install(self.engine)
 
     def __enter__(self) -> Limits:
-        from ratelimits.pipeline.state import reset_state
-
         if self._depth == 0:
             reset_state()
             self.clock.freeze(self._start)  # each test decorated starts at the same time
@@ -132,8 +127,6 @@ class Limits:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from ratelimits.pipeline.state import reset_state
-
         self._depth -= 1
         if self._depth == 0:
             reset_state()

@@ -197,6 +197,7 @@ def get_status(url: str) -> int:
         return exc.code
 
 
+@pytest.mark.slow  # starts `make demo`: runserver and its reloader
 def test_make_demo_serves_on_the_port_it_is_given(tmp_path):
     port = free_port()
     env = {**os.environ, "DEMO_DB": str(tmp_path / "demo.sqlite3")}

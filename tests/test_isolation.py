@@ -7,9 +7,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import redis
 
 from tests.redis_server import RedisProcess
+
+# each test runs pytest in a process of its own (and one starts a redis-server)
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

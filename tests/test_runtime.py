@@ -11,7 +11,7 @@ from django.test import Client
 from ratelimits import runtime
 from ratelimits.compat.django_ratelimit.core import upstream
 from ratelimits.conf import get_config
-from ratelimits.engine import Limit, MemoryEngine, RedisEngine, keys
+from ratelimits.engine import Limit, MemoryEngine, RedisEngine, keynames
 from ratelimits.matching.identity import client_ip, parse_trusted_proxies
 from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.report import log_unavailable
@@ -158,11 +158,11 @@ def test_a_call_key_imports_its_function_again(monkeypatch):
 
 def test_the_engine_key_names_are_worked_out_again(monkeypatch):
     limit = Limit("c", "sliding_window", 5, 60, name="p")
-    before = keys.cell("rl:", limit)
-    monkeypatch.setattr(keys, "WINDOW_SHARDS", keys.WINDOW_SHARDS * 2 + 1)
-    assert keys.cell("rl:", limit) == before  # remembered
+    before = keynames.cell("rl:", limit)
+    monkeypatch.setattr(keynames, "WINDOW_SHARDS", keynames.WINDOW_SHARDS * 2 + 1)
+    assert keynames.cell("rl:", limit) == before  # remembered
     reset_process()
-    assert keys.cell("rl:", limit) != before
+    assert keynames.cell("rl:", limit) != before
 
 
 def test_django_ratelimit_settings_are_read_again():

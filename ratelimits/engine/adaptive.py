@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ratelimits.engine.keys import new_token
+from ratelimits.engine.keynames import new_token
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
 __all__ = ["AdaptiveEngine", "AdaptiveLimiter", "Ticket"]

@@ -23,17 +23,25 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 
-from ratelimits.engine.breaker import CircuitBreaker
-from ratelimits.engine.cluster import CLUSTER_UNAVAILABLE, ClusterEngine, Fanout
+from ratelimits.engine.breaker import CircuitBreaker, reporting
+from ratelimits.engine.cluster import ClusterEngine
+from ratelimits.engine.cluster_fanout import (
+    CLUSTER_UNAVAILABLE,
+    Exchange,
+    Need,
+    NodePipeline,
+    OnClient,
+    SlotCall,
+)
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow, arun_flow
-from ratelimits.engine.keys import base_key
+from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.redis_backend import RedisEngine, admit, failed
 from ratelimits.engine.transport import aperform
 from ratelimits.engine.types import Decision, Limit
 
-__all__ = ["AsyncClusterEngine", "AsyncRedisEngine"]
+__all__ = ["AsyncClusterEngine", "AsyncNodes", "AsyncRedisEngine"]
 
 T = TypeVar("T")
 
@@ -46,17 +54,11 @@ async def _breaking(breaker: CircuitBreaker | None, call: Coroutine[Any, Any, T]
     except EngineUnavailable:
         call.close()  # never awaited: no warning about it
         raise
-    try:
-        reply = await call
-    except redis.RedisError as exc:
-        raise failed(exc, breaker) from exc
-    except EngineError:
-        if breaker is not None:
-            breaker.failure()
-        raise
-    if breaker is not None:
-        breaker.success()
-    return reply
+    with reporting(breaker):
+        try:
+            return await call
+        except redis.RedisError as exc:
+            raise failed(exc, None) from exc  # reporting() tells the breaker
 
 
 class AsyncRedisEngine:
@@ -106,30 +108,19 @@ class AsyncRedisEngine:
         return await arun_flow(flow, lambda need: aperform(client, need))
 
 
-class AsyncClusterEngine:
-    """`evaluate`, `read_version`, `release` and `lease` of a `ClusterEngine` (its twin),
-    awaited.
+class AsyncNodes:
+    """The cluster's nodes on asyncio: one `redis.asyncio.Redis` per node and event loop,
+    opened by `connect(node's blocking client)`, and a fan-out's needs performed on them.
+    A connection belongs to the loop that opened it, hence one set per loop."""
 
-    The decision is the twin's own flow (`ClusterEngine.deciding`: the same calls, the
-    same cross-slot refunds, the same heartbeat and tally); each fan-out they ask for is
-    written to every node's `redis.asyncio` connection at once and read back on the event
-    loop. What a cluster answers only while it changes (a redirect during a failover or a
-    reshard, a script a restarted node lost, a node out of reach) is settled by the
-    twin's rules (`ClusterEngine.settle`) in a worker thread, as is reading the slot map
-    again and taking leases. `connect(node_client)` opens a `redis.asyncio.Redis` on the
-    server of a node's blocking client; it is called once per node and event loop.
-    """
-
-    def __init__(self, twin: ClusterEngine,
-                 connect: Callable[[Any], redis.asyncio.Redis]) -> None:
-        self.twin = twin
+    def __init__(self, connect: Callable[[Any], redis.asyncio.Redis]) -> None:
         self._connect = connect
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                                   dict[str, redis.asyncio.Redis]] = (
             weakref.WeakKeyDictionary()
         )
 
-    def node_client(self, node: Any) -> redis.asyncio.Redis:
+    def client(self, node: Any) -> redis.asyncio.Redis:
         """This event loop's client of `node` (opened on first use in the loop)."""
         loop = asyncio.get_running_loop()
         clients = self._clients.get(loop)
@@ -140,6 +131,62 @@ class AsyncClusterEngine:
             client = clients[node.name] = self._connect(node.redis_connection)
         return client
 
+    async def perform(self, need: Need) -> Any:
+        """Do one thing the flow needs, awaited: the nodes' pipelines on this loop's
+        clients, a call of the blocking cluster client in a worker thread."""
+        if isinstance(need, Exchange):
+            return await self._exchange(need.jobs, need.calls)
+        if isinstance(need, NodePipeline):
+            return await self._pipeline(need.node, need.commands)
+        if isinstance(need, OnClient):
+            return await asyncio.to_thread(need.call)
+        await asyncio.sleep(need.seconds)
+        return None
+
+    async def _pipeline(self, node: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client(node).pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+    async def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, SlotCall]
+                        ) -> dict[int, Any]:
+        """Every node's calls in one pipeline, the nodes at once; errors are values (a
+        node's failure for each of its slots), as `SlotFanout.perform` has them."""
+
+        async def node_calls(node: Any, slots: list[int]) -> list[tuple[int, Any]]:
+            try:
+                got = await self._pipeline(node, [calls[slot].command() for slot in slots])
+            except CLUSTER_UNAVAILABLE as exc:
+                return [(slot, exc) for slot in slots]
+            return list(zip(slots, got, strict=True))
+
+        replies: dict[int, Any] = {}
+        for pairs in await asyncio.gather(*(node_calls(node, slots) for node, slots in jobs)):
+            replies.update(pairs)
+        return replies
+
+
+class AsyncClusterEngine:
+    """`evaluate`, `read_version`, `release` and `lease` of a `ClusterEngine` (its twin),
+    awaited.
+
+    They are the twin's own flows (`ClusterEngine.deciding`, `reading_version`,
+    `leasing`: the same calls, the same cross-slot refunds, the same heartbeat and
+    tally), and their fan-outs the twin's (`cluster_fanout.SlotFanout.run`): every
+    node's calls written to its `redis.asyncio` connection at once and read back on the
+    event loop, a redirect or a lost script settled there too. Only what the blocking
+    cluster client does (following MOVED, reading the slot map again) runs in a worker
+    thread. `connect(node_client)` opens a `redis.asyncio.Redis` on the server of a
+    node's blocking client; it is called once per node and event loop.
+    """
+
+    def __init__(self, twin: ClusterEngine,
+                 connect: Callable[[Any], redis.asyncio.Redis]) -> None:
+        self.twin = twin
+        self.nodes = AsyncNodes(connect)
+
     async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits,
         across slots (see `ClusterEngine.evaluate`)."""
@@ -147,50 +194,15 @@ class AsyncClusterEngine:
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
         return await _breaking(twin.breaker, arun_flow(twin.deciding(limits, now),
-                                                       self._perform))
+                                                       self.nodes.perform))
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET (a heartbeat beside it when one is due)."""
         if not self.twin.version_key:
             raise EngineError("this engine was built without a version_key")
         raw = await _breaking(self.twin.breaker,
-                              arun_flow(self.twin.reading_version(now), self._perform))
+                              arun_flow(self.twin.reading_version(now), self.nodes.perform))
         return int(raw) if raw is not None else 0
-
-    async def _perform(self, need: Fanout) -> dict[int, Any]:
-        """One fan-out of the flow (`cluster.Fanout`): every node's calls pipelined on
-        its connection, the nodes at once."""
-        twin = self.twin
-        if twin.stale:  # a node failed: the slot map is read again first (rare)
-            await asyncio.to_thread(twin.refresh)
-        jobs, sent_to = twin.route(need.calls)
-        replies = await self._exchange(jobs, need.calls)
-        if any(isinstance(reply, Exception) for reply in replies.values()):
-            return await asyncio.to_thread(twin.settle, replies, need.calls, sent_to,
-                                           need.reached)
-        return replies
-
-    async def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, Any]
-                        ) -> dict[int, Any]:
-        """Every node's calls in one pipeline, the nodes at once; errors are values (a
-        node's failure for each of its slots), as `ClusterEngine._exchange` has them."""
-
-        async def node_calls(node: Any, slots: list[int]) -> list[tuple[int, Any]]:
-            pipe = self.node_client(node).pipeline(transaction=False)
-            for slot in slots:
-                pipe.execute_command(*calls[slot].command())
-            try:
-                return list(zip(slots, await pipe.execute(raise_on_error=False),
-                                strict=True))
-            except CLUSTER_UNAVAILABLE as exc:
-                return [(slot, exc) for slot in slots]
-            except redis.RedisError as exc:
-                raise EngineError(str(exc)) from exc
-
-        replies: dict[int, Any] = {}
-        for pairs in await asyncio.gather(*(node_calls(node, slots) for node, slots in jobs)):
-            replies.update(pairs)
-        return replies
 
     async def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds: each node's in one
@@ -207,7 +219,7 @@ class AsyncClusterEngine:
             by_node.setdefault(node.name, (node, []))[1].append((key, members))
 
         async def node_release(node: Any, held: list[tuple[str, list[str]]]) -> bool:
-            pipe = self.node_client(node).pipeline(transaction=False)
+            pipe = self.nodes.client(node).pipeline(transaction=False)
             for key, members in held:
                 pipe.zrem(key, *members)
             try:
@@ -223,6 +235,6 @@ class AsyncClusterEngine:
 
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
-        """The twin's `lease()`, in a worker thread (one call per `batch` requests)."""
-        grants: list[Grant] = await asyncio.to_thread(self.twin.lease, limits, now, back=back)
+        """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
+        grants, _ = await arun_flow(self.twin.leasing(limits, now, back), self.nodes.perform)
         return grants

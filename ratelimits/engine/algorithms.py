@@ -33,7 +33,7 @@ STATE: Final = 5
 
 
 class Store(Protocol):
-    """The keyspace the algorithms read and write (see `keyspace.Keyspace`)."""
+    """The store the algorithms read and write (see `expiring.ExpiringStore`)."""
 
     def get(self, key: str, now: float) -> Any: ...
     def set(self, key: str, value: Any, now: float, ttl_us: float) -> None: ...

@@ -22,7 +22,7 @@ OFFENDER_CHARS = 200
 #: when requests finish, which no clock predicts.
 CONCURRENCY_RETRY_US = US
 #: A window algorithm's clients are packed into this many hashes per policy and window
-#: (see `keys.base_key`). About 100 clients per hash keeps Redis's compact encoding
+#: (see `keynames.base_key`). About 100 clients per hash keeps Redis's compact encoding
 #: (listpack, up to `hash-max-listpack-entries`, 128 by default) from 4,000 to 400,000
 #: clients per policy and window; every process of a site must agree on it.
 WINDOW_SHARDS = 4096

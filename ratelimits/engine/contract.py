@@ -1,22 +1,26 @@
-"""The contract between Python and the batch script, written once: the arguments a call
+"""The contract between Python and the Lua scripts, written once: the arguments a call
 sends, the values it answers, and the constants both sides compute with.
 
-`RedisEngine` and the benchmarks in `bench/` encode with `encode()`; both backends turn
-their answer into a `Decision` with `assemble()`; `batch_source()` builds the script with
-the constants and the argument offsets generated from this module.
+`RedisEngine` and the benchmarks in `bench/` encode with `encode()`; every backend turns
+its answer into a `Decision` with `assemble()`; `batch_source()` builds the script with
+the constants and the argument offsets generated from this module. The Redis Cluster
+slot call and its refund, the renewal of held slots and the leases have their layouts
+and their encoders here too, shared by every engine that sends them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 from ratelimits.engine import constants
 from ratelimits.engine.algorithms import LEARNED_ONLY
-from ratelimits.engine.keys import cell, new_token, period_us, to_us
+from ratelimits.engine.keynames import base_key, cell, new_token, period_us, to_us
+from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
@@ -27,7 +31,7 @@ US = constants.US
 #: token ('' = none needed), the policy-version key ('' = none), the counters' prefix
 #: ('' = no counters).
 HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
-#: ARGV per limit, in this order; KEYS holds one base key per limit (`keys.base_key`),
+#: ARGV per limit, in this order; KEYS holds one base key per limit (`keynames.base_key`),
 #: and `field` names the client in it for a window algorithm ('' otherwise).
 LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
               "wait_us", "field")
@@ -134,8 +138,8 @@ def _bodies() -> dict[str, tuple[str, str, str]]:
 
 
 def _charging_parts() -> tuple[str, ...]:
-    """What every charging script starts with: the generated constants, the prelude, and
-    the check and commit dispatchers."""
+    """What every charging script starts with: the generated constants, the prelude, the
+    check and commit dispatchers, and the check of every limit of a call."""
     lua = resources.files("ratelimits.engine") / "lua"
     bodies = _bodies()
     return (
@@ -146,6 +150,7 @@ def _charging_parts() -> tuple[str, ...]:
                     {name: b[0] for name, b in bodies.items()}),
         _dispatcher("commit", "key, f, now, L, P, B, c, r, token",
                     {name: b[1] for name, b in bodies.items()}),
+        (lua / "check_all.lua").read_text("utf-8"),
     )
 
 
@@ -169,6 +174,9 @@ def refund_source() -> str:
             "-- generated from ratelimits/engine/contract.py",
             lua_constants(),
             (lua / "prelude.lua").read_text("utf-8"),
+            f"local REFUND_HEAD = {len(REFUND_HEAD)}",
+            f"local REFUND_PER = {len(REFUND_ARGS)}",
+            *(f"local REFUND_{name.upper()} = {i}" for i, name in enumerate(REFUND_ARGS, 1)),
             (lua / "refund_prelude.lua").read_text("utf-8"),
             _dispatcher("refund", "key, f, now, L, P, B, c, token, s1, s2",
                         {name: b[2] for name, b in _bodies().items()}),
@@ -299,6 +307,94 @@ def assemble(
     )
 
 
+def result_values(allowed: int, remaining: float, reset_after: float, retry_after: float,
+                  delay: float, outcome: str) -> tuple[Any, ...]:
+    """One limit's values laid out as `RESULT_FIELDS`, for `assemble()` (times in µs; the
+    outcome is its counter field)."""
+    return allowed, remaining, reset_after, retry_after, delay, outcome
+
+
+def spare(raw: list[Any], i: int, cost: int) -> None:
+    """Limit `i` of `raw` (laid out for `assemble()`) was charged, then refunded: SPARED,
+    with the units it took counted as remaining."""
+    o = i * FIELDS
+    raw[o + _REMAINING] = int(raw[o + _REMAINING]) + cost
+    raw[o + _OUTCOME] = Outcome.SPARED.value
+
+
+# -- Redis Cluster: one slot's decision (lua/slot.lua) and its refund (lua/refund.lua) -----
+
+#: slot.lua's reply: this head, then per limit its `RESULT_FIELDS` and what its charge
+#: wrote (`CHARGE_FIELDS`, '' when nothing), for the refund should another slot refuse.
+SLOT_HEAD = ("admitted", "now_us")
+CHARGE_FIELDS = ("s1", "s2")
+#: refund.lua's ARGV: this head (the charge's time, as slot.lua answered it, and the
+#: request's token), then per key these values; KEYS: one base key per charged limit.
+REFUND_HEAD = ("now_us", "token")
+REFUND_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "s1", "s2", "field")
+_SLOT_PER = FIELDS + len(CHARGE_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotReply:
+    """slot.lua's reply: whether the slot admitted, its time (µs), per limit the
+    `RESULT_FIELDS` one after another (as `assemble()` takes them) and what its charge
+    wrote."""
+
+    admitted: bool
+    now_us: int
+    results: list[Any]
+    writes: list[tuple[Any, Any]]
+
+    def charged(self, j: int) -> bool:
+        """Whether the slot charged its `j`-th limit."""
+        field = self.results[j * FIELDS + _OUTCOME]
+        return (field.decode() if isinstance(field, bytes) else field) == Outcome.ADMITTED.value
+
+
+def decode_slot(reply: Any, n: int) -> SlotReply:
+    """slot.lua's reply for `n` limits; ValueError when it is not one."""
+    head = len(SLOT_HEAD)
+    if not isinstance(reply, list) or len(reply) != head + _SLOT_PER * n:
+        raise ValueError(f"unexpected reply from the slot script: {reply!r}")
+    results: list[Any] = []
+    writes: list[tuple[Any, Any]] = []
+    for j in range(n):
+        o = head + j * _SLOT_PER
+        results += reply[o:o + FIELDS]
+        writes.append((reply[o + FIELDS], reply[o + FIELDS + 1]))
+    return SlotReply(reply[SLOT_HEAD.index("admitted")] == 1,
+                     int(reply[SLOT_HEAD.index("now_us")]), results, writes)
+
+
+def encode_refund(prefix: str, now_us: int, token: str,
+                  charged: Iterable[tuple[Limit, tuple[Any, Any]]]) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one refund call: each charged limit with what its charge wrote."""
+    keys: list[str] = []
+    args: list[Any] = [now_us, token]
+    for limit, (s1, s2) in charged:
+        key, field = cell(prefix, limit)
+        keys.append(key)
+        args += (limit.algorithm, limit.limit, period_us(limit),
+                 REGISTRY[limit.algorithm].burst_of(limit), limit.cost, s1, s2, field)
+    return keys, args
+
+
+# -- held slots kept (lua/renew.lua) -------------------------------------------------------
+
+
+def encode_renew(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]],
+                 now: float | None) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one renewal: the time ('' = the server's), then per key its
+    period (µs), how many members it keeps and their names."""
+    keys: list[str] = []
+    args: list[Any] = ["" if now is None else to_us(now)]
+    for limit, members in held:
+        keys.append(base_key(prefix, limit))
+        args += (period_us(limit), len(members), *members)
+    return keys, args
+
+
 # -- leases (lua/lease.lua) --------------------------------------------------------------
 
 #: ARGV per leased limit, after the one head value (now_us); KEYS: one base key each.
@@ -324,3 +420,64 @@ def lease_source() -> str:
             (lua / "lease.lua").read_text("utf-8"),
         )
     )
+
+
+def encode_lease(
+    prefix: str, limits: Sequence[Limit], back: Sequence[Leftover], now: float | None
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one lease call: the give-backs first (so a limit's leftover is
+    back before its new grant is counted), then one lease of `batch` units per limit."""
+    keys: list[str] = []
+    args: list[Any] = ["" if now is None else to_us(now)]
+    for item in back:
+        key, field = cell(prefix, item.limit)
+        keys.append(key)
+        args += _lease_args(item.limit, 0, item.window, item.units, field)
+    for limit in limits:
+        if limit.batch is None:
+            raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
+        key, field = cell(prefix, limit)
+        keys.append(key)
+        args += _lease_args(limit, limit.batch, "", 0, field)
+    return keys, args
+
+
+def _lease_args(limit: Limit, want: int, window: int | str, units: int,
+                field: str) -> tuple[Any, ...]:
+    values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units,
+              field)
+    assert len(values) == len(LEASE_ARGS)
+    return values
+
+
+_LEASE_PER = len(LEASE_FIELDS)
+(_GRANTED, _WINDOW, _LEFT, _LEASE_RESET, _LEASE_RETRY, _ENDS, _RETURNED) = (
+    LEASE_FIELDS.index(f) for f in
+    ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after", "returned")
+)
+
+
+def decode_lease(
+    limits: Sequence[Limit], back: Sequence[Leftover], reply: Any
+) -> list[Grant]:
+    """The lease script's reply as one `Grant` per limit; ValueError when it is not one."""
+    if not isinstance(reply, list) or len(reply) != 1 + _LEASE_PER * (len(back) + len(limits)):
+        raise ValueError(f"unexpected reply from the lease script: {reply!r}")
+    grants = []
+    for i, limit in enumerate(limits):
+        o = 1 + (len(back) + i) * _LEASE_PER
+        grants.append(Grant(
+            limit=limit,
+            units=int(reply[o + _GRANTED]),
+            window=int(reply[o + _WINDOW]),
+            remaining=int(reply[o + _LEFT]),
+            reset_after=int(reply[o + _LEASE_RESET]) / US,
+            retry_after=int(reply[o + _LEASE_RETRY]) / US,
+            ends_after=int(reply[o + _ENDS]) / US,
+        ))
+    return grants
+
+
+def returned_units(back: Sequence[Leftover], reply: Any) -> int:
+    """How many of the given-back units the store took back (their window still ran)."""
+    return sum(int(reply[1 + i * _LEASE_PER + _RETURNED]) for i in range(len(back)))

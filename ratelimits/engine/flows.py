@@ -4,14 +4,14 @@ A flow is a generator that yields what it needs done (a store call, a Redis comm
 anything that may block) and is sent the result, or has the error thrown in, so that
 its own `try` blocks see it. `run_flow` performs each need in the calling thread;
 `arun_flow` awaits it. Both return what the flow returns. A decision, the Redis
-transport (`transport`, `functions`, `live`) and a lease are flows: the engine and its
+transport (`transport`, `functions`, `heartbeat`) and a lease are flows: the engine and its
 asyncio twin (`engine.aio`) differ only in how they perform a need.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["Flow", "arun_flow", "run_flow"]
 
@@ -19,35 +19,43 @@ T = TypeVar("T")
 Flow = Generator[Any, Any, T]
 
 
+class _Step(NamedTuple):
+    """Where a flow stands: `done` with what it returned (`value`), or its next `value`
+    to perform."""
+
+    done: bool
+    value: Any
+
+
+def _resume(flow: Flow[Any], value: Any, error: BaseException | None) -> _Step:
+    """Send `value` into `flow` (or throw `error` into it): its next need, or its end."""
+    try:
+        return _Step(False, flow.send(value) if error is None else flow.throw(error))
+    except StopIteration as done:
+        return _Step(True, done.value)
+
+
 def run_flow(flow: Flow[T], perform: Callable[[Any], Any]) -> T:
     """Run `flow` to its end, each need performed by `perform(need)` in this thread."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
+    step = _resume(flow, None, None)
+    while not step.done:
         try:
-            need = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        value, error = None, None
-        try:
-            value = perform(need)
+            value, error = perform(step.value), None
         except BaseException as exc:  # a cancelled task too: the flow cleans up, re-raises
-            error = exc
+            value, error = None, exc
+        step = _resume(flow, value, error)
+    result: T = step.value
+    return result
 
 
 async def arun_flow(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
     """`run_flow` for async code: each need is awaited (`await perform(need)`)."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
+    step = _resume(flow, None, None)
+    while not step.done:
         try:
-            need = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        value, error = None, None
-        try:
-            value = await perform(need)
+            value, error = await perform(step.value), None
         except BaseException as exc:  # a cancelled task too: the flow cleans up, re-raises
-            error = exc
+            value, error = None, exc
+        step = _resume(flow, value, error)
+    result: T = step.value
+    return result

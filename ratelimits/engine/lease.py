@@ -20,10 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
-from ratelimits.engine.constants import US
-from ratelimits.engine.contract import LEASE_ARGS, LEASE_FIELDS
 from ratelimits.engine.flows import Flow, arun_flow, run_flow
-from ratelimits.engine.keys import cell, period_us, to_us
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
 if TYPE_CHECKING:
@@ -36,19 +33,11 @@ __all__ = [
     "Leases",
     "Leftover",
     "decide",
-    "decode_lease",
-    "encode_lease",
-    "returned_units",
 ]
 
 #: A lease lasts at most this long (seconds): units idle in one process come back to
 #: the others within it, and the figures a lease reports are never older.
 LEASE_SECONDS = 1.0
-_FIELDS = len(LEASE_FIELDS)
-(_GRANTED, _WINDOW, _REMAINING, _RESET, _RETRY, _ENDS, _RETURNED) = (
-    LEASE_FIELDS.index(f) for f in
-    ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after", "returned")
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,60 +65,6 @@ class Leftover:
     limit: Limit
     window: int
     units: int
-
-
-def encode_lease(
-    prefix: str, limits: Sequence[Limit], back: Sequence[Leftover], now: float | None
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of one lease call: the give-backs first (so a limit's leftover is
-    back before its new grant is counted), then one lease of `batch` units per limit."""
-    keys: list[str] = []
-    args: list[Any] = ["" if now is None else to_us(now)]
-    for item in back:
-        key, field = cell(prefix, item.limit)
-        keys.append(key)
-        args += _args(item.limit, 0, item.window, item.units, field)
-    for limit in limits:
-        if limit.batch is None:
-            raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
-        key, field = cell(prefix, limit)
-        keys.append(key)
-        args += _args(limit, limit.batch, "", 0, field)
-    return keys, args
-
-
-def _args(limit: Limit, want: int, window: int | str, units: int,
-          field: str) -> tuple[Any, ...]:
-    values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units,
-              field)
-    assert len(values) == len(LEASE_ARGS)
-    return values
-
-
-def decode_lease(
-    limits: Sequence[Limit], back: Sequence[Leftover], reply: Any
-) -> list[Grant]:
-    """The lease script's reply as one `Grant` per limit; ValueError when it is not one."""
-    if not isinstance(reply, list) or len(reply) != 1 + _FIELDS * (len(back) + len(limits)):
-        raise ValueError(f"unexpected reply from the lease script: {reply!r}")
-    grants = []
-    for i, limit in enumerate(limits):
-        o = 1 + (len(back) + i) * _FIELDS
-        grants.append(Grant(
-            limit=limit,
-            units=int(reply[o + _GRANTED]),
-            window=int(reply[o + _WINDOW]),
-            remaining=int(reply[o + _REMAINING]),
-            reset_after=int(reply[o + _RESET]) / US,
-            retry_after=int(reply[o + _RETRY]) / US,
-            ends_after=int(reply[o + _ENDS]) / US,
-        ))
-    return grants
-
-
-def returned_units(back: Sequence[Leftover], reply: Any) -> int:
-    """How many of the given-back units the store took back (their window still ran)."""
-    return sum(int(reply[1 + i * _FIELDS + _RETURNED]) for i in range(len(back)))
 
 
 class _Lease:

@@ -35,7 +35,7 @@ from ratelimits.engine import lease
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.interfaces import AsyncEngine, StoreEngine
-from ratelimits.engine.keys import to_us
+from ratelimits.engine.keynames import to_us
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 

@@ -1,4 +1,4 @@
-"""The in-process engine: the algorithms of `algorithms.py` over a `Keyspace`, for
+"""The in-process engine: the algorithms of `algorithms.py` over a `ExpiringStore`, for
 development, the demo, traffic replay and the local fallback when Redis is out of reach.
 
 It mirrors the batch script: check every limit, charge all or none (`charge()`, used by
@@ -38,8 +38,9 @@ from ratelimits.engine.constants import (
     STATS_TTL,
     US,
 )
-from ratelimits.engine.contract import assemble
-from ratelimits.engine.keys import (
+from ratelimits.engine.contract import assemble, result_values
+from ratelimits.engine.expiring import ExpiringStore
+from ratelimits.engine.keynames import (
     client_key,
     guaranteed,
     new_token,
@@ -49,7 +50,6 @@ from ratelimits.engine.keys import (
     stats_key,
     to_us,
 )
-from ratelimits.engine.keyspace import Keyspace
 from ratelimits.engine.registry import ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Decision, Limit, Outcome
 
@@ -85,20 +85,20 @@ class Receipt(NamedTuple):
 # -- refunds: each algorithm's charge taken back, as its Lua `--[[refund]]` body does ----
 
 
-def _entry(store: Keyspace, key: str, now: float) -> list[Any] | None:
+def _entry(store: ExpiringStore, key: str, now: float) -> list[Any] | None:
     """A key's live entry ([value, expiry, slot]), to change its value and keep its TTL."""
     entry = store.data.get(key)
     return entry if entry is not None and now < entry[1] else None
 
 
-def _refund_count(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+def _refund_count(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
     # the window key the charge counted in: a plain sum, exact whatever came since
     entry = _entry(store, r[STATE][0], now)
     if entry is not None:
         entry[0] -= p.cost
 
 
-def _refund_log(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+def _refund_log(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
     entry = _entry(store, p.key, now)
     if entry is not None:  # the charge wrote `cost` entries at `now`
         log: list[float] = entry[0]
@@ -107,14 +107,14 @@ def _refund_log(store: Keyspace, p: Prepared, now: float, r: Check, token: str) 
         del log[at:end]
 
 
-def _refund_tokens(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+def _refund_tokens(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
     entry = _entry(store, p.key, now)
     if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
         tokens, ts = r[STATE]
         entry[0] = (min(p.burst, tokens + p.cost), ts)
 
 
-def _refund_tat(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+def _refund_tat(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
     entry = _entry(store, p.key, now)
     if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
         tat = r[STATE] - p.cost * p.period_us / p.limit
@@ -124,14 +124,14 @@ def _refund_tat(store: Keyspace, p: Prepared, now: float, r: Check, token: str) 
             entry[0] = tat
 
 
-def _refund_slots(store: Keyspace, p: Prepared, now: float, r: Check, token: str) -> None:
+def _refund_slots(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
     entry = _entry(store, p.key, now)
     if entry is not None:
         for unit in range(1, int(p.cost) + 1):
             entry[0].pop(member(token, unit), None)
 
 
-_REFUNDS: dict[str, Callable[[Keyspace, Prepared, float, Check, str], None]] = {
+_REFUNDS: dict[str, Callable[[ExpiringStore, Prepared, float, Check, str], None]] = {
     "fixed_window": _refund_count,
     "sliding_window": _refund_count,
     "sliding_log": _refund_log,
@@ -145,7 +145,7 @@ if set(_REFUNDS) != set(ALGORITHMS):  # a new algorithm needs its refund here to
 
 
 def charge(
-    store: Keyspace, prepared: Sequence[Prepared], now: float
+    store: ExpiringStore, prepared: Sequence[Prepared], now: float
 ) -> tuple[bool, list[Check], list[int], str]:
     """Check every limit, then charge every limit that admitted, or none if an enforced
     one refused. Returns whether the request was admitted, the checks, each check's
@@ -186,7 +186,7 @@ class MemoryEngine(Acquiring):
     def __init__(self, *, prefix: str = "rl:", version_key: str | None = None) -> None:
         self.prefix = prefix
         self.version_key = version_key
-        self._store = Keyspace()
+        self._store = ExpiringStore()
         self._version = 0
         self._lock = threading.Lock()
 
@@ -220,7 +220,8 @@ class MemoryEngine(Acquiring):
                         hour = math.floor(now_f / (3600 * US))
                         self._offend(offenders_key(self.prefix, limit.name, hour),
                                      limit.key[:OFFENDER_CHARS], now_f)
-                raw += [r[ALLOWED], remaining, r[RESET_AFTER], r[RETRY_AFTER], r[DELAY], field]
+                raw += result_values(r[ALLOWED], remaining, r[RESET_AFTER], r[RETRY_AFTER],
+                                     r[DELAY], field)
             version = self._version if self.version_key else None
         decision = assemble(limits, raw, admitted=admitted, version=version,
                             token=token or None)
@@ -363,7 +364,7 @@ class MemoryEngine(Acquiring):
 
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
         """The clients one policy refused most (with would-be refusals) in one hour, by
-        guaranteed count: refusals each one certainly had (see `keys.guaranteed`)."""
+        guaranteed count: refusals each one certainly had (see `keynames.guaranteed`)."""
         with self._lock:
             entry = self._store.data.get(offenders_key(self.prefix, name, hour))
             counts, errors = (dict(entry[0][0]), dict(entry[0][1])) if entry else ({}, {})

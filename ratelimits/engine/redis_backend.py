@@ -21,33 +21,30 @@ from ratelimits.engine.contract import (
     batch_source,
     carry,
     decode,
+    decode_lease,
     encode,
+    encode_lease,
+    encode_renew,
     lease_source,
     offend_source,
     renew_source,
+    returned_units,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow, run_flow
 from ratelimits.engine.functions import StoredScript
-from ratelimits.engine.keys import (
+from ratelimits.engine.heartbeat import Heartbeat, beating
+from ratelimits.engine.keynames import (
     US,
     base_key,
     guaranteed,
     offender_errors_key,
     offenders_key,
-    period_us,
     stats_key,
     stored_state,
     to_us,
 )
-from ratelimits.engine.lease import (
-    Grant,
-    Leftover,
-    decode_lease,
-    encode_lease,
-    returned_units,
-)
-from ratelimits.engine.live import Heartbeat, beating
+from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.transport import Command, Pipelined, Script, perform
 from ratelimits.engine.types import Decision, Limit
@@ -130,7 +127,7 @@ class RedisEngine(Acquiring):
         self.stats = stats
         #: decisions made without the script (see `local_first`), counted in process
         self.tally = Tally(self._send)
-        #: With a `live_key`, calls carry a heartbeat now and then (see `engine.live`).
+        #: With a `live_key`, calls carry a heartbeat now and then (see `engine.heartbeat`).
         self.heartbeat = Heartbeat(live_key) if live_key else None
 
     #: The slots of `concurrency` limits expire after their period unless renewed.
@@ -332,7 +329,7 @@ class RedisEngine(Acquiring):
 
     def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
         """The clients one policy refused most (with would-be refusals) in one hour, by
-        guaranteed count: refusals each one certainly had (see `keys.guaranteed`)."""
+        guaranteed count: refusals each one certainly had (see `keynames.guaranteed`)."""
         return self.offenders_many([(name, hour)], n)[0]
 
     def _flush_pending(self) -> None:
@@ -361,12 +358,8 @@ class RedisEngine(Acquiring):
         One round trip for all of them. Slots already released or expired stay gone.
         Raises EngineUnavailable when the store is out of reach.
         """
-        keys: list[str] = []
-        args: list[Any] = ["" if now is None else to_us(now)]
-        for decision in decisions:
-            for limit, members in decision.holding():
-                keys.append(base_key(self.prefix, limit))
-                args += (period_us(limit), len(members), *members)
+        keys, args = encode_renew(self.prefix, (held for decision in decisions
+                                                for held in decision.holding()), now)
         if not keys:
             return
         if self._renew_script is None:  # built on first use: most sites hold no slots

@@ -40,7 +40,7 @@ class Algorithm:
     #: Holds its units while the request runs: `release()` frees them after the response.
     holds_slots: bool = False
     #: Keeps a count per client and aligned window, in Redis as a field of a hash shared
-    #: by a shard of the policy's clients (`keys.base_key`): its Lua bodies read and
+    #: by a shard of the policy's clients (`keynames.base_key`): its Lua bodies read and
     #: write field `f` of `<key>:<window>`; `reset()` clears the current and previous
     #: windows.
     windowed: bool = False

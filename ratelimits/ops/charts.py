@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from ratelimits.ops.observe import Counts
+from ratelimits.ops.observe import PolicyCounts
 
 
 @dataclass(frozen=True)
 class Series:
     label: str
-    attr: str  # the Counts attribute drawn (None: no figure that minute, a gap)
+    attr: str  # the PolicyCounts attribute drawn (None: no figure that minute, a gap)
     dash: str  # stroke-dasharray ("" = solid)
     marker: str  # "circle", "square" or "triangle"
     colour: str
@@ -65,7 +65,7 @@ def _marker(kind: str, x: float, y: float, colour: str, size: float = 3.0) -> st
 
 
 def line_chart(
-    counts: Sequence[Counts],
+    counts: Sequence[PolicyCounts],
     *,
     title: str,
     axis: tuple[str, str, str],
@@ -171,7 +171,7 @@ def _runs(values: Sequence[float | None]) -> list[list[tuple[int, float]]]:
     return [run for run in runs if run]
 
 
-def sparkline(counts: Sequence[Counts], *, width: int = 160, height: int = 28) -> str:
+def sparkline(counts: Sequence[PolicyCounts], *, width: int = 160, height: int = 28) -> str:
     """Admitted (solid) and refused or would-be refused (dashed) in a small inline SVG."""
     n = max(1, len(counts))
     top_value = max(1, max((max(c.admitted, c.refused) for c in counts), default=0))

@@ -49,7 +49,7 @@ def percent(share: float | None) -> str:
     return NO_TRAFFIC if share is None else f"{100 * share:.1f}%"
 
 
-def share_of(counts: observe.Counts | None) -> str:
+def share_of(counts: observe.PolicyCounts | None) -> str:
     """The refused share of `counts`, or `UNKNOWN` when they could not be read."""
     return UNKNOWN if counts is None else percent(counts.refused_share)
 
@@ -61,7 +61,7 @@ def _safe(svg: str) -> SafeString:
 # -- the policy list's last hour -----------------------------------------------------------
 
 
-def hour_lines(policy: Policy, counts: observe.Counts) -> list[tuple[str, str, str]]:
+def hour_lines(policy: Policy, counts: observe.PolicyCounts) -> list[tuple[str, str, str]]:
     """The list's last-hour cell, a (css class, figure, label) per line: admitted,
     rejected and would be rejected (each when its mode can make it or the hour has some),
     and the refused share."""
@@ -90,13 +90,13 @@ class PolicyPage:
     store_unreadable: bool
     offenders: list[tuple[str, int]] | None
     key_kind: str
-    hour_counts: observe.Counts | None = None
+    hour_counts: observe.PolicyCounts | None = None
     hour_share: str | None = None
     hour_chart: SafeString | None = None
-    hour_rows: list[tuple[str, observe.Counts]] | None = None
+    hour_rows: list[tuple[str, observe.PolicyCounts]] | None = None
     limit_chart: SafeString | None = None
     latency_chart: SafeString | None = None
-    learnt_now: observe.Counts | None = None
+    learnt_now: observe.PolicyCounts | None = None
     day_chart: SafeString | None = None
 
     def context(self) -> dict[str, Any]:
@@ -128,10 +128,10 @@ def policy_page(policy: Policy) -> PolicyPage:
     return page
 
 
-def _with_hour(page: PolicyPage, name: str, minutes: list[observe.Counts]) -> PolicyPage:
+def _with_hour(page: PolicyPage, name: str, minutes: list[observe.PolicyCounts]) -> PolicyPage:
     """`page` with the last hour's totals, chart and table (minutes with traffic, newest
     first)."""
-    counts = sum(minutes, observe.Counts())
+    counts = sum(minutes, observe.PolicyCounts())
     return dataclasses.replace(
         page,
         hour_counts=counts,
@@ -145,7 +145,7 @@ def _with_hour(page: PolicyPage, name: str, minutes: list[observe.Counts]) -> Po
     )
 
 
-def _with_learnt(page: PolicyPage, name: str, minutes: list[observe.Counts]) -> PolicyPage:
+def _with_learnt(page: PolicyPage, name: str, minutes: list[observe.PolicyCounts]) -> PolicyPage:
     """`page` with an adaptive policy's limit and latency over the last hour, minute by
     minute, and its last minute with samples."""
     return dataclasses.replace(
@@ -168,7 +168,7 @@ class DashboardRow(TypedDict):
 
     policy: Policy
     url: str  # its page
-    counts: observe.Counts | None  # None: the store could not be read
+    counts: observe.PolicyCounts | None  # None: the store could not be read
     share: str
     spark: SafeString | str  # "" without figures
 
@@ -183,7 +183,7 @@ def dashboard_rows(
     rows = []
     for policy in policies:
         minutes = None if per_minute is None else per_minute.get(policy.name)
-        counts = None if minutes is None else sum(minutes, observe.Counts())
+        counts = None if minutes is None else sum(minutes, observe.PolicyCounts())
         rows.append(DashboardRow(
             policy=policy,
             url=url(policy),

@@ -28,7 +28,7 @@ OFFENDERS_NOTE = (
 
 
 @dataclass(frozen=True, slots=True)
-class Counts:
+class PolicyCounts:
     """Requests seen by one policy over some span.
 
     `admitted`: passed and charged. `rejected`: refused by this (enforced) policy.
@@ -47,12 +47,12 @@ class Counts:
     limit_sum: int = 0
 
     @classmethod
-    def of(cls, raw: dict[str, int]) -> Counts:
+    def of(cls, raw: dict[str, int]) -> PolicyCounts:
         return cls(raw.get("a", 0), raw.get("r", 0), raw.get("w", 0), raw.get("o", 0),
                    raw.get(SAMPLES, 0), raw.get(LATENCY_US, 0), raw.get(LIMIT_SUM, 0))
 
-    def __add__(self, other: Counts) -> Counts:
-        return Counts(*(a + b for a, b in zip(_figures(self), _figures(other), strict=True)))
+    def __add__(self, other: PolicyCounts) -> PolicyCounts:
+        return PolicyCounts(*(a + b for a, b in zip(_figures(self), _figures(other), strict=True)))
 
     @property
     def latency_ms(self) -> float | None:
@@ -79,7 +79,7 @@ class Counts:
         return self.refused / self.total if self.total else None
 
 
-def _figures(counts: Counts) -> tuple[int, ...]:
+def _figures(counts: PolicyCounts) -> tuple[int, ...]:
     return tuple(getattr(counts, f.name) for f in dataclasses.fields(counts))
 
 
@@ -89,25 +89,25 @@ def current_minute(now: float | None = None) -> int:
 
 def series(
     names: Sequence[str], minutes: int, *, now: float | None = None, engine: Any = None
-) -> dict[str, list[Counts]]:
+) -> dict[str, list[PolicyCounts]]:
     """Per-minute counts of each policy over the last `minutes` minutes, oldest first,
     the current (partial) minute last. One pipelined round trip in all."""
     engine = engine or store.get_engine()
     last = current_minute(now)
     span = range(last - minutes + 1, last + 1)
     raw = engine.counters_many([(name, m) for name in names for m in span])
-    out: dict[str, list[Counts]] = {}
+    out: dict[str, list[PolicyCounts]] = {}
     for i, name in enumerate(names):
-        out[name] = [Counts.of(r) for r in raw[i * minutes : (i + 1) * minutes]]
+        out[name] = [PolicyCounts.of(r) for r in raw[i * minutes : (i + 1) * minutes]]
     return out
 
 
 def last_hour(
     names: Sequence[str], *, now: float | None = None, engine: Any = None
-) -> dict[str, Counts]:
+) -> dict[str, PolicyCounts]:
     """Each policy's totals over the last 60 minutes, in one round trip."""
     per_minute = series(names, 60, now=now, engine=engine)
-    return {name: sum(counts, Counts()) for name, counts in per_minute.items()}
+    return {name: sum(counts, PolicyCounts()) for name, counts in per_minute.items()}
 
 
 def offenders(
@@ -129,9 +129,9 @@ def offenders(
     return sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
-def buckets(counts: Sequence[Counts], size: int) -> list[Counts]:
+def buckets(counts: Sequence[PolicyCounts], size: int) -> list[PolicyCounts]:
     """Sum consecutive runs of `size` entries (e.g. 1,440 minutes into 10-minute bars)."""
-    return [sum(counts[i : i + size], Counts()) for i in range(0, len(counts), size)]
+    return [sum(counts[i : i + size], PolicyCounts()) for i in range(0, len(counts), size)]
 
 
 def names_of(policies: Iterable[Any]) -> list[str]:

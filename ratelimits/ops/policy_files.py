@@ -22,6 +22,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils.dateparse import parse_datetime
+
+from ratelimits.models import Override, Policy
 
 FORMAT = "ratelimits.policies"
 VERSION = 1
@@ -37,8 +40,6 @@ class PolicyFileError(ValueError):
 
 def exported_fields(model: Any = None) -> list[str]:
     """The fields a file carries of a policy (or of `model`), in the model's order."""
-    from ratelimits.models import Policy
-
     model = model or Policy
     return [f.name for f in model._meta.concrete_fields
             if f.name not in NOT_EXPORTED and f.attname not in NOT_EXPORTED]
@@ -52,8 +53,6 @@ def _value(obj: Any, field: str) -> Any:
 def export_policies() -> dict[str, Any]:
     """Every policy, by name, with its editable fields and its overrides (the file's
     whole content)."""
-    from ratelimits.models import Override, Policy
-
     fields, sub = exported_fields(), exported_fields(Override)
     policies = []
     for p in Policy.objects.order_by("name").prefetch_related(OVERRIDES):
@@ -84,8 +83,6 @@ class Change:
 def plan_import(data: Any, *, delete_missing: bool = False) -> list[Change]:
     """What importing `data` (a parsed file) changes, every policy and override validated
     first; PolicyFileError listing every problem when anything is wrong. Writes nothing."""
-    from ratelimits.models import Policy
-
     entries = _entries(data)
     fields = exported_fields()
     existing = {p.name: p for p in Policy.objects.all()}
@@ -130,10 +127,6 @@ def plan_import(data: Any, *, delete_missing: bool = False) -> list[Change]:
 def _plan_overrides(where: str, policy: Any, old: Any, given: Any,
                     problems: list[str]) -> list[Change]:
     """A policy's overrides as the file gives them: all of them, by match."""
-    from django.utils.dateparse import parse_datetime
-
-    from ratelimits.models import Override
-
     fields = exported_fields(Override)
     if not isinstance(given, list):
         problems.append(f"{where}: {OVERRIDES} must be a list")

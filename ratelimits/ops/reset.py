@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratelimits.conf import get_config
+from ratelimits.matching.keykinds import identity_from_text
+from ratelimits.pipeline.resolver import compile_policy
+from ratelimits.pipeline.store import get_engine
+
 #: What to type, for messages.
 HINT = "as the offenders table and the logs show it (ip:203.0.113.9, user:7) or the bare value"
 
@@ -17,11 +22,6 @@ def reset_client(policy: Any, typed: str) -> str:
     its /64). Raises ValueError with a message for the operator when the client cannot
     be one of this policy's, the policy is invalid, or the store does not answer.
     """
-    from ratelimits.conf import get_config
-    from ratelimits.matching.keykinds import identity_from_text
-    from ratelimits.pipeline.resolver import compile_policy
-    from ratelimits.pipeline.store import get_engine
-
     if not (typed or "").strip():
         raise ValueError(f"enter the client to reset, {HINT}")
     try:

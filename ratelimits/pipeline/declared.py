@@ -21,6 +21,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
+from ratelimits.matching.identity import register_reader
+
 logger = logging.getLogger("ratelimits")
 
 #: The prefix of a declared policy's scope.
@@ -57,6 +59,8 @@ class Declaration:
 
     def policy(self, row: Any = None) -> Any:
         """`row` with the code's figures laid over it, or a new unsaved policy."""
+        # Not at the top: the pytest plugin (through the resolver) and `ratelimits.decorators`
+        # import this module before the app registry is ready.
         from ratelimits.models import Policy
 
         if row is None:
@@ -92,8 +96,7 @@ class Registry:
         unless `replace`: then the new figures apply from the next request on (a rate
         read from settings that changed). `reader`, a function of the request,
         identifies the client instead of `key` (which becomes `code:<name>`)."""
-        from ratelimits.matching.identity import register_reader
-        from ratelimits.models import Mode
+        from ratelimits.models import Mode  # not at the top: see `Declaration.policy`
 
         if reader is not None:
             code["key"] = f"code:{name}"
@@ -164,7 +167,7 @@ class Registry:
     def write(self, rows: list[Any] | None = None, *, force: bool = False) -> list[Any]:
         """Create or update the rows of this process's declarations (each at most once per
         process unless `force`); returns the rows it created. A failure is logged."""
-        from ratelimits.models import Policy
+        from ratelimits.models import Policy  # not at the top: see `Declaration.policy`
 
         with self._lock:
             todo = [d for d in self.declared.values() if force or d.name not in self._written]

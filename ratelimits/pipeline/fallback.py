@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ratelimits.engine.interfaces import Engine
 from ratelimits.engine.types import Limit
 from ratelimits.pipeline.report import log_unavailable
 from ratelimits.pipeline.store import get_local_engine
@@ -14,14 +15,11 @@ from ratelimits.pipeline.verdict import (
     ADMITTED,
     UNAVAILABLE,
     UNAVAILABLE_RETRY_AFTER,
-    Outcome,
+    PolicyOutcome,
     Verdict,
     judge,
 )
 from ratelimits.pipeline.watchdog import hold
-
-if TYPE_CHECKING:
-    from ratelimits.engine.interfaces import Engine
 
 
 def fallback(
@@ -44,11 +42,11 @@ def fallback(
     if any(p.policy.on_error == "deny" and not p.policy.shadow for p in planned) or any(
         p.on_error == "deny" and not p.shadow for p in failed
     ):
-        outcomes = tuple(Outcome(p.policy, p.identity) for p in planned)
+        outcomes = tuple(PolicyOutcome(p.policy, p.identity) for p in planned)
         return Verdict(UNAVAILABLE, outcomes, own_retry_after=UNAVAILABLE_RETRY_AFTER)
     local = [p for p in planned if p.policy.on_error == "local"]
     undecided = tuple(
-        Outcome(p.policy, p.identity) for p in planned if p.policy.on_error != "local"
+        PolicyOutcome(p.policy, p.identity) for p in planned if p.policy.on_error != "local"
     )
     if not local:
         state.outcomes.extend(undecided)

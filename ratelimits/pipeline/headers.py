@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
-from ratelimits.pipeline.verdict import Outcome
+from ratelimits.pipeline.verdict import PolicyOutcome
 
 
-def closest(outcomes: Iterable[Outcome]) -> Outcome | None:
+def closest(outcomes: Iterable[PolicyOutcome]) -> PolicyOutcome | None:
     """The enforced outcome a client should watch: a rejection, else the fewest remaining."""
     enforced = [(o, o.result) for o in outcomes if o.result is not None and not o.policy.shadow]
     if not enforced:
@@ -48,7 +48,7 @@ def _policy_field(name: str, quota: int, period: float, holds: bool) -> tuple[st
     return text, policy
 
 
-def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
+def rate_headers(outcome: PolicyOutcome, style: str) -> dict[str, str]:
     """The headers describing one policy's state for this client, in `style`."""
     result = outcome.result
     if result is None:  # no engine decided (the store was out of reach): nothing to say
@@ -72,7 +72,7 @@ def rate_headers(outcome: Outcome, style: str) -> dict[str, str]:
     return headers
 
 
-def apply(response: Any, outcomes: Iterable[Outcome], style: str) -> None:
+def apply(response: Any, outcomes: Iterable[PolicyOutcome], style: str) -> None:
     """Add the headers of the closest enforced limit; never overwrite what a view set."""
     if style == "none":
         return

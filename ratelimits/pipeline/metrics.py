@@ -25,6 +25,8 @@ from django.views.decorators.http import require_safe
 
 from ratelimits import runtime
 from ratelimits.conf import get_config
+from ratelimits.engine.adaptive import AdaptiveEngine
+from ratelimits.engine.memory import MemoryEngine
 from ratelimits.engine.types import Outcome
 
 logger = logging.getLogger("ratelimits")
@@ -57,6 +59,7 @@ class Recorder:
     """The two metrics and their label children, resolved once per policy and backend."""
 
     def __init__(self, registry: Any = None) -> None:
+        # prometheus_client is optional: imported only once metrics are on
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         registry = REGISTRY if registry is None else registry
@@ -96,9 +99,6 @@ class Recorder:
         kind = type(engine)
         child = self._backends.get(kind)
         if child is None:
-            from ratelimits.engine import MemoryEngine
-            from ratelimits.engine.adaptive import AdaptiveEngine
-
             # one server or a cluster (ClusterEngine): both are Redis round trips; the
             # in-process engines (adaptive policies' too) answer without one
             in_process = issubclass(kind, (MemoryEngine, AdaptiveEngine))
@@ -208,7 +208,7 @@ class _NoDirectory(Exception):
 
 
 def _registry() -> Any:
-    from prometheus_client import REGISTRY
+    from prometheus_client import REGISTRY  # optional: only reached with metrics on
 
     path = multiprocess_dir()
     if path is None:
@@ -218,7 +218,7 @@ def _registry() -> Any:
     # one worker's numbers, so a wrong directory is an error, not a fallback.
     if not os.path.isdir(path):
         raise _NoDirectory(path)
-    from prometheus_client import CollectorRegistry, multiprocess
+    from prometheus_client import CollectorRegistry, multiprocess  # optional, as above
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
@@ -231,6 +231,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """The default registry in the exposition format the scraper asks for; 404 when off."""
     if recorder_for(get_config()) is None:
         raise Http404("ratelimits metrics are off")
+    # optional: metrics are on, so it is installed
     from prometheus_client.exposition import choose_encoder
 
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -17,12 +18,32 @@ logger = logging.getLogger("ratelimits")
 MAX_LOGGED = 200
 
 
+#: A signal to send: (signal, sender, keyword arguments).
+Deferred = tuple[Any, Any, dict[str, Any]]
+
 #: While set (the async stack deciding on the event loop), the signals of refusals are
 #: collected here, and sent with `Signal.asend()` once the decision is made: your
 #: receivers may be synchronous and query the database.
-deferred_signals: ContextVar[list[tuple[Any, Any, dict[str, Any]]] | None] = ContextVar(
+deferred_signals: ContextVar[list[Deferred] | None] = ContextVar(
     "ratelimits_deferred_signals", default=None
 )
+
+
+@contextmanager
+def signals_deferred() -> Iterator[list[Deferred]]:
+    """Collect the signals `report()` sends while this block runs, for `asend_all()`."""
+    pending: list[Deferred] = []
+    token = deferred_signals.set(pending)
+    try:
+        yield pending
+    finally:
+        deferred_signals.reset(token)
+
+
+async def asend_all(pending: list[Deferred]) -> None:
+    """Send the collected signals, in order (`Signal.asend()`)."""
+    for signal, sender, kwargs in pending:
+        await signal.asend(sender=sender, **kwargs)
 
 
 def log_safe(value: Any, limit: int = MAX_LOGGED) -> str:

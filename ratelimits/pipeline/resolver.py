@@ -21,16 +21,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.signals import setting_changed
+from django.db.models import Count, Max, Subquery, Value
 from django.dispatch import receiver
 
 from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Limit
+from ratelimits.matching.keykinds import parse_key
 from ratelimits.matching.overrides import OverrideTable, Rule, parse_match
+from ratelimits.matching.paths import PathPattern
 from ratelimits.pipeline.declared import numbered, registry
 from ratelimits.pipeline.state import process
+from ratelimits.rates import parse_rate
 
 logger = logging.getLogger("ratelimits")
 
@@ -55,8 +60,8 @@ def table_fingerprint() -> Fingerprint:
     """Per table a snapshot is built from (policies, overrides): its row count and its
     latest `updated`, in one query. Any save moves the latter, a delete the former; an
     `update()` that skips `updated` moves neither, as it sends no signal either."""
-    from django.db.models import Count, Max, Subquery, Value
-
+    # Not at the top: the pytest plugin (through `ratelimits.testing`) and the middleware
+    # import this module before the app registry is ready.
     from ratelimits.models import Override, Policy
 
     def whole(aggregate: Any) -> Any:  # the override table's figure, as a scalar subquery
@@ -172,9 +177,7 @@ class Snapshot:
 def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy:
     """Parse one `Policy` row and its `Override` rows; ValueError when the policy is
     invalid (saved around clean()); an invalid override is skipped."""
-    from ratelimits.matching.keykinds import parse_key
-    from ratelimits.matching.paths import PathPattern
-    from ratelimits.models import split_methods
+    from ratelimits.models import split_methods  # not at the top: see table_fingerprint
 
     return CompiledPolicy(
         id=policy.pk,
@@ -232,7 +235,7 @@ def _order(p: CompiledPolicy) -> tuple[int, int, str]:
 
 def load_snapshot(version: int | None) -> Snapshot:
     """Read the enabled policies from the database and compile them."""
-    from ratelimits.models import Mode, Override, Policy
+    from ratelimits.models import Mode, Override, Policy  # not at the top: see table_fingerprint
 
     rows = list(Policy.objects.all())  # the off ones too: they count in the fingerprint
     overrides = list(Override.objects.order_by())  # no ordering: no join
@@ -260,8 +263,7 @@ def pinned_snapshot(policies: Iterable[Mapping[str, Any] | Any]) -> Snapshot:
     database: dicts of `Policy` fields (`rate` may stand for limit and period, `mode` is
     "enforce" unless given) or unsaved `Policy` objects, validated as the admin does;
     with the limits declared in code, as their code gives them."""
-    from ratelimits.models import Mode, Policy
-    from ratelimits.rates import parse_rate
+    from ratelimits.models import Mode, Policy  # not at the top: see table_fingerprint
 
     policies = tuple(policies)
     declarations = registry.generation
@@ -287,8 +289,6 @@ def _members(groups: set[str]) -> dict[str, frozenset[str]]:
     """For the groups that overrides name: each member's pk -> its groups among them."""
     if not groups:
         return {}
-    from django.contrib.auth import get_user_model
-
     through = get_user_model().groups.through
     found: dict[str, set[str]] = {}
     for pk, name in through.objects.filter(group__name__in=groups).values_list(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits import runtime
-from ratelimits.engine import keys
+from ratelimits.engine import keynames
 
 STATE_ATTR = "_ratelimits_state"
 
@@ -30,7 +30,7 @@ class RequestState:
     """Per-request bookkeeping, stored on the underlying HttpRequest."""
 
     charged: set[int] = field(default_factory=set)  # policy ids already decided
-    outcomes: list[Any] = field(default_factory=list)  # evaluation.Outcome, for headers
+    outcomes: list[Any] = field(default_factory=list)  # verdict.PolicyOutcome, for headers
     holds: list[tuple[Any, Any]] = field(default_factory=list)  # (engine, Decision) with slots
     path: str | None = None
     exempt: bool | None = None
@@ -73,7 +73,7 @@ class ProcessState:
     last_unavailable_log: float = 0.0
     #: When the policy version was last learnt from the store (a reply that carried it,
     #: or a read of it, failed ones included): requests that learn nothing read it again
-    #: only once this is a second old (evaluation.VERSION_EVERY).
+    #: only once this is a second old (version.VERSION_EVERY).
     version_at: float = -float("inf")
     #: Held by the one thread that reads the version; the others go on meanwhile.
     version_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -93,8 +93,8 @@ class ProcessState:
 process = ProcessState()
 runtime.on_reset(process.reset)
 # The engine's cache of key names: the engine is a plain library that registers nothing,
-# and the names change with its settings (`keys.WINDOW_SHARDS`).
-runtime.on_reset(keys._cell.cache_clear)
+# and the names change with its settings (`keynames.WINDOW_SHARDS`).
+runtime.on_reset(keynames._cell.cache_clear)
 
 
 def reset_state() -> None:

@@ -11,27 +11,30 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
+from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django_redis import get_redis_connection
 
 from ratelimits import runtime
 from ratelimits.conf import get_config
+from ratelimits.engine.adaptive import AdaptiveEngine
+from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.deployments import (
     RedisURL,
     engine_on_client,
     engine_on_url,
     limiter_client,
 )
-
-if TYPE_CHECKING:
-    from ratelimits.engine.adaptive import AdaptiveEngine
-    from ratelimits.engine.interfaces import Engine, Holder
-    from ratelimits.engine.memory import MemoryEngine
-    from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.interfaces import Engine, Holder
+from ratelimits.engine.local_first import LocalFirst
+from ratelimits.engine.memory import MemoryEngine
+from ratelimits.engine.types import Decision, Limit
+from ratelimits.pipeline.metrics import recorder_for
 
 logger = logging.getLogger("ratelimits")
 
@@ -62,11 +65,7 @@ def redis_client_for(alias: str) -> Any:
     if not is_redis_backend(backend):
         return None
     if backend and backend.startswith("django_redis."):
-        from django_redis import get_redis_connection
-
         return get_redis_connection(alias, write=True)
-    from django.core.cache import caches
-
     # Django's RedisCache keeps a redis-py client per server; the primary takes writes.
     return caches[alias]._cache.get_client(write=True)  # type: ignore[attr-defined]
 
@@ -96,9 +95,6 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     asyncio twin (async requests await the store on their event loop), built for its
     deployment mode (`engine.deployments`); or the local engine when the configured cache
     is not Redis."""
-    from ratelimits.engine.breaker import CircuitBreaker
-    from ratelimits.engine.local_first import LocalFirst
-
     timeouts = (config["SOCKET_TIMEOUT"], config["CONNECT_TIMEOUT"])
     global _breaker
     if _breaker is None:  # kept across failed builds, then handed to the engine
@@ -106,7 +102,7 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
     shared = {
         "prefix": config["KEY_PREFIX"],
         "version_key": _version_key(config["KEY_PREFIX"]),
-        "live_key": f"{config['KEY_PREFIX']}live",  # engine.live: the heartbeat's set
+        "live_key": f"{config['KEY_PREFIX']}live",  # engine.heartbeat: the heartbeat's set
         "breaker": _breaker,
     }
     url: RedisURL | None = config["REDIS_URL"]
@@ -146,8 +142,6 @@ def get_local_engine() -> MemoryEngine:
     """The process-wide in-memory engine (development, and `on_error="local"`)."""
     global _local
     if _local is None:
-        from ratelimits.engine import MemoryEngine
-
         with _lock:
             if _local is None:
                 _local = MemoryEngine(version_key=_version_key(get_config()["KEY_PREFIX"]))
@@ -159,8 +153,6 @@ def get_adaptive_engine() -> AdaptiveEngine:
     learns its own limits; their samples reach the store's counters (`_sampled`)."""
     global _adaptive
     if _adaptive is None:
-        from ratelimits.engine.adaptive import AdaptiveEngine
-
         with _lock:
             if _adaptive is None:
                 _adaptive = AdaptiveEngine(on_sample=_sampled, clock=_wall_clock)
@@ -181,8 +173,6 @@ SAMPLES, LATENCY_US, LIMIT_SUM = "n", "t", "k"
 def _sampled(limit: Limit, at: float, latency: float, learnt: int) -> None:
     if not limit.name:
         return
-    from ratelimits.pipeline.metrics import recorder_for
-
     recorder = recorder_for(get_config())
     if recorder is not None:
         recorder.learnt(limit.name, learnt)

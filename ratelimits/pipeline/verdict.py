@@ -1,4 +1,5 @@
-"""What the request path decided: per policy an `Outcome`, per request and layer a `Verdict`.
+"""What the request path decided: per policy a `PolicyOutcome`, per request and layer a
+`Verdict`.
 
 A verdict holds the engine's `Decision`s rather than copies of their fields: its
 Retry-After is the decisions' own whole seconds (`Decision.retry_after`, an int from the
@@ -11,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ratelimits.engine.types import Decision, Result
-from ratelimits.engine.types import Outcome as EngineOutcome
+from ratelimits.engine.types import Decision, Outcome, Result
 from ratelimits.pipeline.report import report
 
 ADMITTED, LIMITED, UNAVAILABLE = 200, 429, 503
@@ -22,7 +22,7 @@ UNAVAILABLE_RETRY_AFTER = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class PolicyOutcome:
     """What one policy said about one request; `result` is None when no engine decided."""
 
     policy: Any  # resolver.CompiledPolicy
@@ -35,7 +35,7 @@ class Verdict:
     """The decision for one request at one glue layer."""
 
     status: int
-    outcomes: tuple[Outcome, ...] = ()
+    outcomes: tuple[PolicyOutcome, ...] = ()
     #: The engine's answers this verdict stands on (two when a policy reload happened).
     decisions: tuple[Decision, ...] = ()
     #: Seconds to hold an admitted request (leaky bucket), capped by MAX_DELAY.
@@ -57,12 +57,12 @@ class Verdict:
         return seconds
 
     @property
-    def rejected_by(self) -> tuple[Outcome, ...]:
+    def rejected_by(self) -> tuple[PolicyOutcome, ...]:
         """The enforced policies that refused the request."""
         return tuple(
             o
             for o in self.outcomes
-            if o.result is not None and o.result.outcome is EngineOutcome.REJECTED
+            if o.result is not None and o.result.outcome is Outcome.REJECTED
         )
 
     def merged(self, other: Verdict) -> Verdict:
@@ -84,7 +84,7 @@ def judge(
     failed: Sequence[Any],
     sender: type,
     config: Mapping[str, Any],
-    prior: tuple[Outcome, ...] = (),
+    prior: tuple[PolicyOutcome, ...] = (),
 ) -> Verdict:
     """The verdict on an engine's decision about `planned` (plan.Planned, in its order).
 
@@ -92,7 +92,7 @@ def judge(
     the client and says `on_error="deny"` turns an admission into a 503.
     """
     outcomes = prior + tuple(
-        Outcome(p.policy, p.identity, result)
+        PolicyOutcome(p.policy, p.identity, result)
         for p, result in zip(planned, decision.results, strict=True)
     )
     state.outcomes.extend(outcomes)

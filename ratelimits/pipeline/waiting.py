@@ -11,9 +11,13 @@ never held while anyone sleeps.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 
 from ratelimits import runtime
+from ratelimits.conf import get_config
+from ratelimits.pipeline.verdict import LIMITED, Verdict
 
 
 class WaitingRoom:
@@ -57,3 +61,58 @@ class WaitingRoom:
 
 room = WaitingRoom()
 runtime.on_reset(room.reset)
+
+
+def wait_turn(verdict: Verdict) -> Verdict:
+    """Hold an admitted, delayed request for its delay if the waiting room has a place.
+
+    Returns the verdict to act on: the same one after the wait, or a 429 at once.
+    """
+    config = get_config()
+    client = _waiter(verdict)
+    if not room.enter(client, config["MAX_WAITING"], config["MAX_WAITING_PER_CLIENT"]):
+        return _no_room(verdict)
+    try:
+        sleep(verdict.delay)
+    finally:
+        room.leave(client)
+    return verdict
+
+
+async def await_turn(verdict: Verdict) -> Verdict:
+    """`wait_turn` for the async stack: the event loop serves others meanwhile."""
+    config = get_config()
+    client = _waiter(verdict)
+    if not room.enter(client, config["MAX_WAITING"], config["MAX_WAITING_PER_CLIENT"]):
+        return _no_room(verdict)
+    try:
+        await asleep(verdict.delay)
+    finally:
+        room.leave(client)
+    return verdict
+
+
+def _waiter(verdict: Verdict) -> tuple[str, ...]:
+    """Who waits: the clients of the policies that delay this request."""
+    return tuple(
+        sorted({o.identity for o in verdict.outcomes if o.result is not None and o.result.delay})
+    )
+
+
+def _no_room(verdict: Verdict) -> Verdict:
+    """No waiting room left: refuse now, telling the client when its turn would be."""
+    turn = max((d.delay for d in verdict.decisions), default=verdict.delay)  # not capped
+    return dataclasses.replace(
+        verdict, status=LIMITED, delay=0.0, own_retry_after=max(1, math.ceil(turn))
+    )
+
+
+def sleep(seconds: float) -> None:
+    """Hold an admitted, delayed request, on the installed clock (a test's clock moves
+    instead)."""
+    runtime.clock().sleep(seconds)
+
+
+async def asleep(seconds: float) -> None:
+    """The async stack's `sleep`: the event loop serves others meanwhile."""
+    await runtime.clock().asleep(seconds)

@@ -16,14 +16,11 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ratelimits import runtime
-
-if TYPE_CHECKING:
-    from ratelimits.engine.interfaces import Holder
-    from ratelimits.engine.types import Decision
-    from ratelimits.pipeline.state import RequestState
+from ratelimits.engine.interfaces import Holder
+from ratelimits.engine.types import Decision
+from ratelimits.pipeline.state import RequestState
 
 logger = logging.getLogger("ratelimits")
 

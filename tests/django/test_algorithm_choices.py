@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.core.management import call_command
 
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.models import ALGORITHM_CHOICES, Policy
@@ -11,6 +12,15 @@ from ratelimits.models import ALGORITHM_CHOICES, Policy
 
 def test_the_choices_are_the_registry():
     assert [(n, s.label) for n, s in REGISTRY.items()] == ALGORITHM_CHOICES
+    assert Policy._meta.get_field("algorithm").choices == ALGORITHM_CHOICES
+
+
+def test_a_new_algorithm_needs_no_migration():
+    """The choices come from the registry when the model loads and stay out of the
+    migrations (which are in step with the models: makemigrations finds nothing)."""
+    _, _, _, kwargs = Policy._meta.get_field("algorithm").deconstruct()
+    assert "choices" not in kwargs
+    call_command("makemigrations", "ratelimits", check=True, dry_run=True, verbosity=0)
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))

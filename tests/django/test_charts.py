@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ratelimits.ops import charts
-from ratelimits.ops.observe import Counts
+from ratelimits.ops.observe import PolicyCounts
 
 
 def _labels(svg: str) -> dict[str, float]:
@@ -17,16 +17,17 @@ def _labels(svg: str) -> dict[str, float]:
 
 
 def test_a_small_scale_puts_each_label_at_its_own_height():
-    svg = charts.line_chart([Counts(admitted=1), Counts()], title="t", axis=("a", "b", "c"))
+    svg = charts.line_chart([PolicyCounts(admitted=1), PolicyCounts()], title="t",
+                            axis=("a", "b", "c"))
     labels = _labels(svg)
     assert set(labels) == {"0", "0.5", "1"}
     assert labels["0"] > labels["0.5"] > labels["1"]  # SVG's y grows downwards
 
 
 def test_gauges_leave_a_gap_for_minutes_without_samples_and_give_their_mean():
-    minutes = [Counts(samples=2, latency_us=20_000, limit_sum=6), Counts(),
-               Counts(samples=1, latency_us=30_000, limit_sum=5),
-               Counts(samples=1, latency_us=50_000, limit_sum=1)]
+    minutes = [PolicyCounts(samples=2, latency_us=20_000, limit_sum=6), PolicyCounts(),
+               PolicyCounts(samples=1, latency_us=30_000, limit_sum=5),
+               PolicyCounts(samples=1, latency_us=50_000, limit_sum=1)]
     svg = charts.line_chart(minutes, title="t", axis=("a", "b", "c"),
                             series=charts.LATENCY_SERIES)
     lines = re.findall(r'<polyline class="rl-latency_ms" points="([^"]+)"', svg)
@@ -36,8 +37,8 @@ def test_gauges_leave_a_gap_for_minutes_without_samples_and_give_their_mean():
 
 
 def test_counts_and_samples_add_up_over_minutes():
-    total = sum([Counts(admitted=2, samples=2, latency_us=10, limit_sum=4),
-                 Counts(rejected=1, samples=1, latency_us=20, limit_sum=2)], Counts())
+    total = sum([PolicyCounts(admitted=2, samples=2, latency_us=10, limit_sum=4),
+                 PolicyCounts(rejected=1, samples=1, latency_us=20, limit_sum=2)], PolicyCounts())
     assert (total.admitted, total.rejected, total.samples) == (2, 1, 3)
     assert total.mean_limit == 2.0 and total.latency_ms == 0.01
-    assert Counts().latency_ms is None and Counts().mean_limit is None
+    assert PolicyCounts().latency_ms is None and PolicyCounts().mean_limit is None

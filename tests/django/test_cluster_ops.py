@@ -22,8 +22,9 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from ratelimits.engine.cluster import ClusterEngine, cluster_offenders_key
-from ratelimits.engine.keys import stats_key
+from ratelimits.engine.cluster import ClusterEngine
+from ratelimits.engine.cluster_counts import cluster_offenders_key
+from ratelimits.engine.keynames import stats_key
 from ratelimits.ops import observe
 from ratelimits.pipeline.store import get_engine
 from tests.django.test_metrics import (
@@ -132,9 +133,9 @@ def test_list_shows_each_policys_last_hour_from_the_cluster(
     response = admin_client.get(URL)
 
     rows = {p.name: p for p in response.context["cl"].result_list}
-    assert rows["login"]._hour == observe.Counts(admitted=2, rejected=3)
-    assert rows["watch"]._hour == observe.Counts(admitted=1, would_reject=4)
-    assert rows["quiet"]._hour == observe.Counts()
+    assert rows["login"]._hour == observe.PolicyCounts(admitted=2, rejected=3)
+    assert rows["watch"]._hour == observe.PolicyCounts(admitted=1, would_reject=4)
+    assert rows["quiet"]._hour == observe.PolicyCounts()
     assert "60.0%" in response.content.decode()  # login: 3 of 5 refused
     # the figures were read back from the cluster's nodes, not from this process's tally
     key = stats_key(PREFIX, "login", observe.current_minute())
@@ -153,7 +154,7 @@ def test_policy_page_charts_offenders_and_resets_one_client_on_the_cluster(
 
     ctx = response.context
     assert not ctx["store_unreadable"]
-    assert ctx["hour_counts"] == observe.Counts(admitted=2, rejected=4)
+    assert ctx["hour_counts"] == observe.PolicyCounts(admitted=2, rejected=4)
     assert ctx["offenders"] == [("ip:198.51.100.1", 3), ("ip:198.51.100.2", 1)]
     page = response.content.decode()
     assert page.count('class="rl-chart"') == 2
@@ -180,8 +181,8 @@ def test_dashboard_shows_every_policy_from_the_cluster(
     assert hit(client, 3) == [200, 429, 429]
     response = admin_client.get(f"{URL}dashboard/")
     rows = {row["policy"].name: row for row in response.context["rows"]}
-    assert rows["a-policy"]["counts"] == observe.Counts(admitted=1, rejected=2)
-    assert rows["b-policy"]["counts"] == observe.Counts()
+    assert rows["a-policy"]["counts"] == observe.PolicyCounts(admitted=1, rejected=2)
+    assert rows["b-policy"]["counts"] == observe.PolicyCounts()
     page = response.content.decode()
     assert page.count('class="rl-spark"') == 2
     assert "66.7%" in page
@@ -236,7 +237,7 @@ def test_pages_cost_a_bounded_number_of_round_trips_per_node_and_never_scan(
 
             sent = log.during(load)
             assert response.status_code == 200
-            # the heartbeat that may ride on the request's call (engine.live) is not the page's
+            # the heartbeat that may ride on the request's call (engine.heartbeat) is not the page's
             sent = {port: [line for line in lines if f"{PREFIX}live" not in line]
                     for port, lines in sent.items()}
             # the middleware's call for the page's own request: at most a version read (a
@@ -274,7 +275,7 @@ def test_a_page_that_flushes_many_policies_offenders_still_costs_bounded_round_t
         response = admin_client.get(URL)
     assert response.status_code == 200
     assert {p.name: p._hour for p in response.context["cl"].result_list} == {
-        name: observe.Counts(admitted=1, would_reject=1) for name in names
+        name: observe.PolicyCounts(admitted=1, would_reject=1) for name in names
     }
     # per node: the counters' flush, the offenders' flush, the page's read, the version
     assert max(writes.by_port.values()) <= 4, writes.by_port
@@ -419,4 +420,4 @@ def test_async_requests_are_decided_on_the_event_loop_on_the_cluster(
     assert statuses == [200, 200, 429]
     assert isinstance(get_engine().aio, AsyncClusterEngine)
     assert decided_on and set(decided_on) == {loop_thread}
-    assert observe.last_hour(["edge"])["edge"] == observe.Counts(admitted=2, rejected=1)
+    assert observe.last_hour(["edge"])["edge"] == observe.PolicyCounts(admitted=2, rejected=1)

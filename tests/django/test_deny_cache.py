@@ -19,7 +19,7 @@ import redis
 
 from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.contract import batch_library
-from ratelimits.engine.keys import stats_key
+from ratelimits.engine.keynames import stats_key
 from ratelimits.engine.local_first import HOLD
 from tests.django.workers import Site
 from tests.redis_server import Monitor

@@ -80,13 +80,13 @@ def test_identity_error_line_escapes_what_the_client_sent(client, make_policy, c
 
 
 def test_unexpected_error_line_escapes_the_path(client, make_policy, caplog, monkeypatch):
-    from ratelimits.pipeline import evaluation
+    from ratelimits.pipeline import decision
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the limiter")
 
     make_policy(name="everything", limit=5)
-    monkeypatch.setattr(evaluation, "plan", broken)
+    monkeypatch.setattr(decision, "plan", broken)
     with caplog.at_level(logging.ERROR, logger="ratelimits"):
         response = client.get(FORGED)
     assert response.status_code == 404  # admitted: the view (none here) decides

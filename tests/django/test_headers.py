@@ -7,7 +7,7 @@ import pytest
 from ratelimits.engine.types import Limit, Result
 from ratelimits.pipeline.headers import closest, rate_headers
 from ratelimits.pipeline.resolver import CompiledPolicy
-from ratelimits.pipeline.verdict import Outcome
+from ratelimits.pipeline.verdict import PolicyOutcome
 
 
 def outcome(
@@ -34,7 +34,7 @@ def outcome(
         priority=0,
         template=limit,
     )
-    return Outcome(policy, "k", Result(limit, allowed, remaining, reset_after, retry_after))
+    return PolicyOutcome(policy, "k", Result(limit, allowed, remaining, reset_after, retry_after))
 
 
 def test_closest_prefers_a_rejection_then_the_fewest_remaining_and_ignores_shadow():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ratelimits.middleware import RateLimitMiddleware
 from ratelimits.ops import observe
-from ratelimits.pipeline import evaluation
+from ratelimits.pipeline import decision, drivers, evaluation
 
 pytestmark = pytest.mark.django_db
 
@@ -189,5 +189,5 @@ def test_fuzzed_requests_never_raise_inside_the_limiter(
         REMOTE_ADDR=remote,
     )
     request.path_info = request.path = "/" + path
-    # the inner function: the outer one would log and admit, hiding a bug
-    evaluation._evaluate(request, evaluation.UNSCOPED, RateLimitMiddleware)
+    # the decision itself, run to its end: evaluate() would log and admit, hiding a bug
+    drivers.run(decision.decide_flow(request, evaluation.UNSCOPED, RateLimitMiddleware))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from ratelimits.engine import Limit, RedisEngine
-from ratelimits.engine.live import BEAT_EVERY, LIVE_TTL, Heartbeat
+from ratelimits.engine.heartbeat import BEAT_EVERY, LIVE_TTL, Heartbeat
 
 
 class ManualClock:

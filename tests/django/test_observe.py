@@ -20,10 +20,10 @@ def test_counters_add_up_to_the_requests_sent(any_store, client, make_policy):
     statuses = hit(client, 5)
     assert statuses == [200, 200, 429, 429, 429]
     totals = observe.last_hour(["enforced", "watch"])
-    assert totals["enforced"] == observe.Counts(admitted=2, rejected=3)
+    assert totals["enforced"] == observe.PolicyCounts(admitted=2, rejected=3)
     # the shadow policy admitted the first, would have refused the next one, then the
     # enforced policy refused the rest: would-reject whatever the other policy did
-    assert totals["watch"] == observe.Counts(admitted=1, would_reject=4)
+    assert totals["watch"] == observe.PolicyCounts(admitted=1, would_reject=4)
     assert sum(c.total for c in totals.values()) == 2 * len(statuses)
 
 
@@ -33,8 +33,8 @@ def test_list_shows_each_policys_last_hour(admin_client, client, make_policy):
     hit(client, 5)
     response = admin_client.get(URL)
     rows = {p.name: p for p in response.context["cl"].result_list}
-    assert rows["login"]._hour == observe.Counts(admitted=2, rejected=3)
-    assert rows["quiet"]._hour == observe.Counts()
+    assert rows["login"]._hour == observe.PolicyCounts(admitted=2, rejected=3)
+    assert rows["quiet"]._hour == observe.PolicyCounts()
     page = response.content.decode()
     assert "last hour" in page.lower()
     assert '<span class="rl-rejected">3</span> rejected' in page  # enforced: its refusals
@@ -48,7 +48,7 @@ def test_policy_page_charts_offenders_and_shadow_advice(admin_client, client, ma
     hit(client, 2, ip="198.51.100.2")
     response = admin_client.get(f"{URL}{policy.pk}/change/")
     ctx = response.context
-    assert ctx["hour_counts"] == observe.Counts(admitted=2, would_reject=4)
+    assert ctx["hour_counts"] == observe.PolicyCounts(admitted=2, would_reject=4)
     assert ctx["offenders"] == [("ip:198.51.100.1", 3), ("ip:198.51.100.2", 1)]
     page = response.content.decode()
     assert page.count('class="rl-chart"') == 2  # last hour and last 24 hours
@@ -222,9 +222,9 @@ def test_series_is_oldest_first_with_the_current_minute_last(memory_store, minut
     engine.evaluate([limit], now=now)  # refused
     counts = observe.series(["s"], minutes, now=now)["s"]
     assert len(counts) == minutes
-    assert counts[-1] == observe.Counts(admitted=1, rejected=1)
-    assert counts[-3] == observe.Counts(admitted=1)
-    assert sum(counts, observe.Counts()).total == 3
+    assert counts[-1] == observe.PolicyCounts(admitted=1, rejected=1)
+    assert counts[-3] == observe.PolicyCounts(admitted=1)
+    assert sum(counts, observe.PolicyCounts()).total == 3
 
 
 def test_reset_a_bare_ipv6_address_resets_its_64(admin_client, client, make_policy):

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ratelimits.engine import Limit
-from ratelimits.engine.keys import OFFENDERS_CAP
+from ratelimits.engine.keynames import OFFENDERS_CAP
 from ratelimits.ops import observe
 from ratelimits.pipeline.store import get_engine
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import redis
 
-from ratelimits.engine.live import BEAT_EVERY
+from ratelimits.engine.heartbeat import BEAT_EVERY
 from tests.django.workers import Site
 
 pytestmark = pytest.mark.slow

@@ -86,7 +86,7 @@ def test_requests_of_clients_outside_the_rollout_pass_and_count_as_would_reject(
     got_out = [client.get("/hello/", REMOTE_ADDR=outside).status_code for _ in range(4)]
     assert got_in == [200, 200, 429, 429]
     assert got_out == [200, 200, 200, 200]
-    assert observe.last_hour(["half"])["half"] == observe.Counts(
+    assert observe.last_hour(["half"])["half"] == observe.PolicyCounts(
         admitted=4, rejected=2, would_reject=2)
 
 

@@ -71,18 +71,35 @@ class Site:
 
         def apply(fields: dict[str, Any] | None) -> None:
             code = "from ratelimits.models import Policy\nPolicy.objects.all().delete()\n"
+            name = None
             if fields is not None:
-                policy = {"name": f"only-{next(runs)}", "mode": "enforce", "key": "global",
+                name = f"only-{next(runs)}"
+                policy = {"name": name, "mode": "enforce", "key": "global",
                           "path": path, "period": 60, **fields}
                 code += f"p = Policy(**{policy!r})\np.full_clean()\np.save()\n"
             self.run(code)
-            # a process reads the policy version at most once a second; then one request
-            # makes it read it and load the policy, so that a burst arriving meanwhile
-            # (which would go on with the snapshot it has) is not what a test measures
-            time.sleep(1.1)
-            self.text(path)
+            # a process reads the policy version at most once a second, and a request that
+            # learns a new one loads the policy for those after it: ask until an answer
+            # names the policy in effect, so that a burst arriving meanwhile (which would
+            # go on with the snapshot it has) is not what a test measures
+            self.wait_for_policy(path, name)
 
         return apply
+
+    def policy_in_effect(self, path: str) -> str | None:
+        """The name of the policy whose `RateLimit-Policy` header an answer on `path`
+        carries (None: no header, no policy enforced there)."""
+        _, headers, _ = self.send("GET", path)
+        field = headers.get("ratelimit-policy")
+        return None if field is None else field.split(";", 1)[0].strip('"')
+
+    def wait_for_policy(self, path: str, name: str | None, timeout: float = 10.0) -> None:
+        """Return once an answer on `path` names the policy `name` (None: none)."""
+        deadline = time.monotonic() + timeout
+        while (seen := self.policy_in_effect(path)) != name:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{path}: policy {seen!r} still in effect, not {name!r}")
+            time.sleep(0.05)
 
     def start(self, workers: int, threads: int = 1, app: str = _WSGI, *extra: str) -> None:
         """`gunicorn -w workers`; with `threads` > 1, each worker serves that many

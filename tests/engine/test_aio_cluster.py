@@ -14,7 +14,7 @@ import redis.cluster
 from hypothesis import HealthCheck, given, settings
 
 from ratelimits.engine import EngineUnavailable, Limit
-from ratelimits.engine.aio import AsyncClusterEngine
+from ratelimits.engine.aio import AsyncClusterEngine, AsyncNodes
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.deployments import async_twin_client
@@ -74,7 +74,7 @@ def _spread(client, client_key: str = "c") -> list[Limit]:
     found: dict[str, Limit] = {}
     for i in range(200):
         limit = Limit(f"{client_key}{i}", "fixed_window", 1, 60, name="p")
-        from ratelimits.engine.keys import base_key
+        from ratelimits.engine.keynames import base_key
 
         found.setdefault(client.get_node_from_key(base_key("async:", limit)).name, limit)
         if len(found) == 3:
@@ -85,11 +85,11 @@ def _spread(client, client_key: str = "c") -> list[Limit]:
 def test_every_node_is_asked_from_the_event_loop_and_no_thread(client, loop, monkeypatch):
     _, aio = twins(client)
     limits = _spread(client)
-    # A new cluster has no script loaded: that first call is the rare path, settled in a
-    # worker thread. Other clients' limits on the same primaries load them first.
+    # A new cluster has no script loaded: that first call is the rare path, settled
+    # apart. Other clients' limits on the same primaries load them first.
     assert loop.run_until_complete(aio.evaluate(_spread(client, "warm-"), now=T0)).allowed
     seen = []
-    node_client = AsyncClusterEngine.node_client
+    node_client = AsyncNodes.client
 
     def spy(self, node):
         seen.append(threading.get_ident())
@@ -98,7 +98,7 @@ def test_every_node_is_asked_from_the_event_loop_and_no_thread(client, loop, mon
     def no_thread(*args, **kwargs):
         raise AssertionError("a thread was asked for on the request path")
 
-    monkeypatch.setattr(AsyncClusterEngine, "node_client", spy)
+    monkeypatch.setattr(AsyncNodes, "client", spy)
     monkeypatch.setattr(asyncio, "to_thread", no_thread)
     first = loop.run_until_complete(aio.evaluate(limits, now=T0))
     second = loop.run_until_complete(aio.evaluate(limits, now=T0))

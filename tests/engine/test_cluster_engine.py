@@ -18,8 +18,9 @@ import redis.cluster
 from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, MemoryEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
-from ratelimits.engine.contract import encode
-from ratelimits.engine.keys import base_key, cell, period_us, stats_key, to_us
+from ratelimits.engine.contract import decode_slot, encode
+from ratelimits.engine.flows import run_flow
+from ratelimits.engine.keynames import base_key, cell, period_us, stats_key, to_us
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 from tests.redis_cluster import RedisCluster
@@ -135,7 +136,8 @@ def test_a_refund_late_behind_another_request_never_gives_away_capacity(client, 
     later = engine.evaluate([limit], now=T0 + 5)
     assert later.allowed and twin.evaluate([limit], now=T0 + 5).allowed
     raw = list(charge[2:8])
-    engine._refund_slots([limit], {slot: [0]}, {slot: charge}, "", raw)
+    run_flow(engine.refunding([limit], {slot: [0]}, {slot: decode_slot(charge, 1)}, "", raw),
+             engine.perform)
     got, want = engine.evaluate([limit], now=T0 + 5.5), twin.evaluate([limit], now=T0 + 5.5)
     assert not want.allowed
     assert got.allowed is False
@@ -355,7 +357,7 @@ def test_limits_apply_again_once_a_replica_took_over_a_killed_primary():
 def test_a_quiet_process_still_sends_its_last_counts(client, engine):
     """No request after the last one: the tally reaches the cluster within FLUSH_EVERY
     anyway (read straight from the cluster: counters() would flush first)."""
-    from ratelimits.engine.cluster import FLUSH_EVERY
+    from ratelimits.engine.tally import FLUSH_EVERY
 
     limit = Limit("ip:1", "fixed_window", 1, 60, name="quiet")
     engine.evaluate([limit], now=T0)

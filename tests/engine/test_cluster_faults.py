@@ -18,8 +18,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ratelimits.engine import EngineUnavailable, Limit
-from ratelimits.engine.cluster import REFRESH_EVERY, ClusterEngine
-from ratelimits.engine.keys import base_key
+from ratelimits.engine.cluster import ClusterEngine
+from ratelimits.engine.cluster_fanout import REFRESH_EVERY
+from ratelimits.engine.keynames import base_key
 from ratelimits.engine.registry import ALGORITHMS
 from tests.conftest import own_cluster
 from tests.engine.conftest import T0

@@ -17,8 +17,9 @@ import pytest
 from redis.crc import key_slot
 
 from ratelimits.engine import Limit
-from ratelimits.engine.cluster import REFRESH_EVERY, ClusterEngine
-from ratelimits.engine.keys import base_key
+from ratelimits.engine.cluster import ClusterEngine
+from ratelimits.engine.cluster_fanout import REFRESH_EVERY
+from ratelimits.engine.keynames import base_key
 from tests.engine.test_cluster_faults import TIMEOUT, _client, _errorstat, _racer, _wait_for
 from tests.redis_cluster import RedisCluster
 

@@ -8,7 +8,7 @@ import pytest
 
 from ratelimits.engine import Limit, RedisEngine, constants, contract
 from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
-from ratelimits.engine.keys import base_key, cell, client_key
+from ratelimits.engine.keynames import base_key, cell, client_key
 from tests.engine.conftest import T0
 
 

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ratelimits.engine import EngineUnavailable, Limit, MemoryEngine, RedisEngine
-from ratelimits.engine.keys import base_key, cell
+from ratelimits.engine.keynames import base_key, cell
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leases, Leftover
 from ratelimits.engine.local_first import LocalFirst
 from tests.engine.conftest import T0
@@ -167,7 +169,8 @@ def test_a_limit_without_batch_cannot_be_leased(engine):
 
 
 def test_an_unreachable_store_raises_engine_unavailable():
-    client = redis.Redis(port=1, socket_connect_timeout=0.2)
+    # no retries: redis-py's default three, with backoff, only make the failure slow
+    client = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     engine = RedisEngine(client)
     with pytest.raises(EngineUnavailable):
         engine.lease([fixed()], now=T0)

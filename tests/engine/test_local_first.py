@@ -11,6 +11,8 @@ import time
 import pytest
 import redis
 import redis.cluster
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.cluster import ClusterEngine
@@ -165,7 +167,9 @@ def test_a_flood_of_distinct_clients_keeps_the_cache_bounded():
 
 
 def test_the_store_down_raises_as_before(front, private_redis):
-    dead = LocalFirst(RedisEngine(redis.Redis(port=private_redis.port, socket_timeout=0.2)))
+    # no retries: redis-py's default three, with backoff, only make the failure slow
+    dead = LocalFirst(RedisEngine(redis.Redis(port=private_redis.port, socket_timeout=0.2,
+                                              retry=Retry(NoBackoff(), 0))))
     private_redis.stop()
     from ratelimits.engine import EngineUnavailable
 

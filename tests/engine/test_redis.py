@@ -13,16 +13,17 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine, keys
+from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine, keynames
 from ratelimits.engine.aio import AsyncRedisEngine
-from ratelimits.engine.keys import (
+from ratelimits.engine.heartbeat import BEAT_EVERY
+from ratelimits.engine.keynames import (
     OFFENDERS_CAP,
     OFFENDERS_TTL,
     STATS_TTL,
     offender_errors_key,
     offenders_key,
 )
-from ratelimits.engine.live import BEAT_EVERY
+from ratelimits.engine.tally import discard_all
 from tests.engine.conftest import T0
 
 # a client's own key, or a window algorithm's shard of a policy (8 + 3 characters)
@@ -77,8 +78,8 @@ def test_window_clients_are_fields_of_a_few_small_hashes(redis_client, monkeypat
                                                           algorithm):
     """No key per client: 300 clients of one policy fill one compact hash per shard and
     window, each client's count is its own, and the hashes expire with their window."""
-    monkeypatch.setattr(keys, "WINDOW_SHARDS", 8)
-    keys._cell.cache_clear()
+    monkeypatch.setattr(keynames, "WINDOW_SHARDS", 8)
+    keynames._cell.cache_clear()
     try:
         engine = RedisEngine(redis_client)
         clients = [Limit(f"10.0.{i // 256}.{i % 256}", algorithm, 2, 60, name="p")
@@ -99,7 +100,7 @@ def test_window_clients_are_fields_of_a_few_small_hashes(redis_client, monkeypat
         assert engine.evaluate([clients[0]], now=T0 + 5).allowed
         assert not engine.evaluate([clients[1]], now=T0 + 5).allowed
     finally:
-        keys._cell.cache_clear()
+        keynames._cell.cache_clear()
 
 
 def test_limits_of_one_policy_and_client_share_a_hash_slot(engine, redis_client):
@@ -266,3 +267,16 @@ def test_offender_lists_and_their_errors_are_bounded_and_expire(engine, redis_cl
     assert 0 < redis_client.hlen(errors) <= OFFENDERS_CAP
     for key in (members, errors):
         assert OFFENDERS_TTL - 5 < redis_client.ttl(key) <= OFFENDERS_TTL, key
+
+
+def test_discarded_counts_never_reach_the_store(redis_client):
+    """What the suite does between tests: an engine a test left open sends nothing
+    into the next test's database, even when it is closed (or flushes) later."""
+    engine = RedisEngine(redis_client)
+    limit = Limit("x", "fixed_window", 1, 60, name="p")
+    for _ in range(2):
+        engine.evaluate([limit], now=T0)
+    discard_all()
+    engine.close()  # sends what is still tallied: nothing
+    assert engine.offenders("p", int(T0 // 3600)) == []
+    assert engine.counters("p", int(T0 // 60)) == {}

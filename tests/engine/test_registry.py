@@ -10,7 +10,7 @@ import pytest
 
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine, contract
 from ratelimits.engine.contract import batch_source
-from ratelimits.engine.keys import base_key
+from ratelimits.engine.keynames import base_key
 from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
 from tests.engine.conftest import T0
 

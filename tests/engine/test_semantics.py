@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from ratelimits.engine import Limit, MemoryEngine
-from ratelimits.engine.keys import OFFENDERS_TTL, US, offenders_key
+from ratelimits.engine.keynames import OFFENDERS_TTL, US, offenders_key
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
@@ -190,7 +190,7 @@ def test_offenders_count_refusals_and_would_be_refusals_per_hour(engine):
 
 
 def test_offenders_list_is_bounded_and_a_persistent_newcomer_still_enters(engine):
-    from ratelimits.engine.keys import OFFENDERS_CAP
+    from ratelimits.engine.keynames import OFFENDERS_CAP
 
     limit = Limit("", "fixed_window", 1, 3600, name="scan")
     for i in range(OFFENDERS_CAP + 50):  # one offence each, from many clients
@@ -210,7 +210,7 @@ def test_rotating_keys_cannot_flush_the_real_offender(engine):
     """The attack: one client refused 50 times, then 1,500 rotating keys refused once
     each. Ranked by guaranteed count (count minus the floor inherited on entering a full
     list), the real offender stays first and no junk key claims more than its one."""
-    from ratelimits.engine.keys import OFFENDERS_CAP
+    from ratelimits.engine.keynames import OFFENDERS_CAP
 
     limit = Limit("", "fixed_window", 1, 3600, name="login")
     for _ in range(51):  # the first is admitted: 50 refusals

@@ -33,11 +33,11 @@ from django.utils.module_loading import import_string
 from ratelimits import runtime
 from ratelimits.compat.django_ratelimit import ALL, UNSAFE
 from ratelimits.engine.errors import EngineError
-from ratelimits.engine.types import Outcome as EngineOutcome
+from ratelimits.engine.types import Outcome
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import SCOPE_PREFIX, registry
 from ratelimits.pipeline.state import RequestState, http_request, state_for
-from ratelimits.pipeline.verdict import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER, Outcome, Verdict
+from ratelimits.pipeline.verdict import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER, PolicyOutcome, Verdict
 
 __all__ = ["get_usage", "is_ratelimited"]
 
@@ -357,7 +357,7 @@ def settle(ask: Ask, state: RequestState, verdict: Verdict | None) -> Verdict | 
     return verdict
 
 
-def _own(ask: Ask, verdict: Verdict) -> Outcome | None:
+def _own(ask: Ask, verdict: Verdict) -> PolicyOutcome | None:
     return next((o for o in verdict.outcomes if o.policy.scope == ask.scope), None)
 
 
@@ -374,7 +374,7 @@ def _usage(ask: Ask, verdict: Verdict | None) -> Usage | None:
     return {
         "count": limit - result.remaining,
         "limit": limit,
-        "should_limit": result.outcome is EngineOutcome.REJECTED,
+        "should_limit": result.outcome is Outcome.REJECTED,
         "time_left": math.ceil(result.reset_after),
     }
 
@@ -435,6 +435,7 @@ def get_usage(
     return _usage(ask, verdict)
 
 
+# repeats: get_usage's signature, as upstream's two functions share one
 def is_ratelimited(
     request: Any,
     group: str | None = None,

@@ -1,6 +1,6 @@
 -- One count per client and aligned window. The window number is part of the key, so an
 -- explicit clock (tests, replay) never reads a stale window; the client is field f of
--- its shard's hash for the window (see keys.base_key), which expires with the window.
+-- its shard's hash for the window (see keynames.base_key), which expires with the window.
 --[[check]]
 local win = math.floor(now / P)
 local k = key .. ':' .. fmt(win)

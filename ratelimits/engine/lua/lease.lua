@@ -84,13 +84,7 @@ for i = 1, #KEYS do
       reset = 2 * P - elapsed
     else
       if want > 0 then
-        -- as sliding_window.lua answers a refused request of this cost
-        if cur + c <= L then
-          retry = math.ceil(P - (L - cur - c) * P / prev - elapsed)
-        else
-          retry = math.ceil(P - elapsed + P - (L - c) * P / cur)
-        end
-        if retry < 1 then retry = 1 end
+        retry = sliding_retry(L, P, c, prev, cur, elapsed)  -- as sliding_window.lua
       end
       reset = P - elapsed
       if cur > 0 then reset = 2 * P - elapsed end

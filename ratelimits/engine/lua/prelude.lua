@@ -35,6 +35,20 @@ local function floor0(x)
   return v
 end
 
+-- When a sliding window admits a request of cost c that it refuses now (µs from now, at
+-- least 1): while this window's count leaves room, once the previous window's weighted
+-- share has shrunk enough; else in the next window, where this one's count is weighted.
+local function sliding_retry(L, P, c, prev, cur, elapsed)
+  local retry
+  if cur + c <= L then
+    retry = math.ceil(P - (L - cur - c) * P / prev - elapsed)
+  else
+    retry = math.ceil(P - elapsed + P - (L - c) * P / cur)
+  end
+  if retry < 1 then retry = 1 end
+  return retry
+end
+
 local function add_members(key, score, token, cost)
   local args = {}
   for i = 1, cost do

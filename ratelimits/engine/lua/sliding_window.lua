@@ -11,15 +11,7 @@ local est = prev * (P - elapsed) / P + cur
 if est + c <= L + TOKEN_EPS then
   return {1, floor0(L - est - c), 2 * P - elapsed, 0, 0, k, elapsed}
 end
-local retry
-if cur + c <= L then
-  -- wait until the previous window's share has shrunk enough
-  retry = math.ceil(P - (L - cur - c) * P / prev - elapsed)
-else
-  -- wait into the next window, where this window's count becomes the weighted one
-  retry = math.ceil(P - elapsed + P - (L - c) * P / cur)
-end
-if retry < 1 then retry = 1 end
+local retry = sliding_retry(L, P, c, prev, cur, elapsed)
 local reset = P - elapsed
 if cur > 0 then reset = 2 * P - elapsed end
 return {0, floor0(L - est), reset, retry, 0}

@@ -213,6 +213,7 @@ def _notes(report: Report) -> list[str]:
 def _progress_bar(stream: Any) -> Any:
     """A tqdm bar over the bytes of the log (its rate and the time left), on `stream`;
     called as `bar(bytes_read, size)`."""
+    # Only --progress needs it, and it takes ~40 ms to import: not on every subcommand.
     from tqdm import tqdm
 
     class Bar(tqdm):  # type: ignore[type-arg]  # tqdm is generic only in its stubs

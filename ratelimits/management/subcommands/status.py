@@ -50,7 +50,7 @@ def handle(command: BaseCommand, *, json: bool = False, **_: object) -> None:
     command.stdout.write(_source())
 
 
-def _row(p: Policy, c: observe.Counts | None) -> dict[str, Any]:
+def _row(p: Policy, c: observe.PolicyCounts | None) -> dict[str, Any]:
     """One policy as `--json` prints it: its settings and its last hour (None: unread)."""
     return {
         "name": p.name,

@@ -15,6 +15,7 @@ replayed in one process.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 from ratelimits.ops.replay.formats import FORMATS, JSON_KEYS, LogError, open_log
 from ratelimits.ops.replay.replayer import Replayer, split_kind, unreplayable
-from ratelimits.ops.replay.report import PolicyReport, Report, Tally, build_report
+from ratelimits.ops.replay.report import PolicyReport, Report, ShardTally, build_report
 from ratelimits.pipeline.resolver import CompiledPolicy
 
 __all__ = [
@@ -99,8 +100,6 @@ def jobs_for(path: str, policies: Sequence[CompiledPolicy], jobs: int | None = N
     """How many processes replay `path`: 1 for stdin, a small file, policies that cannot
     be split by client, or where processes cannot be forked; else `jobs` (default: the
     idle CPUs, at most `MAX_JOBS`)."""
-    import multiprocessing
-
     if jobs is not None and jobs < 1:
         raise ValueError("jobs must be 1 or more")
     wanted = min(idle_cpus(), MAX_JOBS) if jobs is None else jobs
@@ -120,7 +119,7 @@ def _replay_shard(
     ipv6_prefix: int,
     progress: Callable[[int, int | None], None] | None,
     options: dict[str, Any],
-) -> Tally:
+) -> ShardTally:
     with open_log(path) as (text, position, size):
         tick = None if progress is None else (lambda: progress(position(), size))
         replayer = Replayer(policies, ipv6_prefix=ipv6_prefix, shard=shard)
@@ -172,11 +171,9 @@ def _replay_split(
     ipv6_prefix: int,
     progress: Callable[[int, int | None], None] | None,
     options: dict[str, Any],
-) -> list[Tally]:
+) -> list[ShardTally]:
     """Processes 1..n-1 are forked children; this process replays share 0 (and reports
     progress) meanwhile."""
-    import multiprocessing
-
     ctx = multiprocessing.get_context("fork")
     children = []
     try:

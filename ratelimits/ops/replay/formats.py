@@ -15,7 +15,9 @@ import datetime
 import gzip
 import io
 import json
+import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
@@ -61,9 +63,6 @@ class BadLine(Exception):
 def open_log(path: str) -> Iterator[tuple[IO[str], Callable[[], int], int | None]]:
     """The log as text lines (gzip detected by its magic bytes), a function returning how
     many bytes of the file were read so far, and the file size ("-": stdin, no size)."""
-    import os
-    import sys
-
     raw: Any = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
     try:
         size = None if path == "-" else os.fstat(raw.fileno()).st_size

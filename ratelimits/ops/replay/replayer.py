@@ -18,11 +18,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 from ratelimits.engine.memory import MemoryEngine, Prepared
+from ratelimits.matching.identity import bounded, client_ip
 from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
+from ratelimits.matching.paths import normalize_path
 from ratelimits.ops.replay.formats import PARSERS, BadLine, LogError, detect_format
-from ratelimits.ops.replay.report import SlotTally, Tally
+from ratelimits.ops.replay.report import ShardTally, SlotTally
 from ratelimits.pipeline.resolver import CompiledPolicy
 
 #: Bounds of the per-run caches; a full cache is emptied (its content is recomputable).
@@ -93,10 +96,6 @@ class _Plan:
 
 def _path_of(target: str) -> str:
     """A request target (origin or absolute form, query removed) as the middleware sees it."""
-    from urllib.parse import unquote
-
-    from ratelimits.matching.paths import normalize_path
-
     if not target.startswith("/"):
         _, sep, rest = target.partition("://")
         slash = rest.find("/")
@@ -178,8 +177,6 @@ class Replayer:
         return route
 
     def _plan(self, key: tuple[int, str | None, str | None, str | None]) -> _Plan:
-        from ratelimits.matching.identity import bounded, client_ip
-
         if len(self._plans) >= CACHE_SIZE:
             self._plans.clear()
         rid, ip, user, query = key
@@ -225,8 +222,8 @@ class Replayer:
         fmt: str = "auto",
         skip_bad: bool = False,
         progress: Callable[[], None] | None = None,
-    ) -> Tally:
-        """Replay `lines` into a `Tally`; LogError on the first malformed line unless
+    ) -> ShardTally:
+        """Replay `lines` into a `ShardTally`; LogError on the first malformed line unless
         `skip_bad`. `progress()` is called every `PROGRESS_EVERY` lines and at the end."""
         it = iter(lines)
         lineno = 0
@@ -327,7 +324,7 @@ class Replayer:
             last=None if first_t is None else clock,
         )
 
-    def _tally(self, fmt: str, lines: int, **figures: Any) -> Tally:
+    def _tally(self, fmt: str, lines: int, **figures: Any) -> ShardTally:
         # Plans of the same policies share one per-second count; hand it to each policy.
         for group, per_sec in self._groups.items():
             for i in group:
@@ -336,4 +333,4 @@ class Replayer:
                     counts[sec] = counts.get(sec, 0) + n
         self._groups.clear()
         self._plans.clear()  # their per-second counts were just handed to the policies
-        return Tally(format=fmt, lines=lines, slots=self.tallies, **figures)
+        return ShardTally(format=fmt, lines=lines, slots=self.tallies, **figures)

@@ -1,6 +1,6 @@
 """What a replay found: per-policy figures, and how partial tallies become one report.
 
-A replay counts into a `Tally` (plain data, picklable); when the log is split by client
+A replay counts into a `ShardTally` (plain data, picklable); when the log is split by client
 across processes, each process returns its tally and `build_report()` adds them up. One
 process is the same path with one tally, so both give the same report, field for field.
 """
@@ -59,7 +59,7 @@ class SlotTally:
 
 
 @dataclass
-class Tally:
+class ShardTally:
     """One process's counts. The figures about lines are the same in every process of a
     split replay (each reads every line); the policies' counts are its clients' share."""
 
@@ -103,7 +103,7 @@ def _merged(parts: Sequence[SlotTally]) -> SlotTally:
 
 
 def build_report(
-    tallies: Sequence[Tally],
+    tallies: Sequence[ShardTally],
     policies: Sequence[tuple[str, str]],
     *,
     source: str,

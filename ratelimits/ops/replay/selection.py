@@ -6,12 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from ratelimits.models import Mode, Policy
 from ratelimits.pipeline.resolver import CompiledPolicy, compile_policy
-
-if TYPE_CHECKING:
-    from ratelimits.models import Policy
 
 
 @dataclass(frozen=True)
@@ -24,8 +21,6 @@ class Selection:
 
 def enabled_policies() -> list[Policy]:
     """What a replay runs when no policy is named: every policy that is not off."""
-    from ratelimits.models import Mode, Policy
-
     return list(Policy.objects.exclude(mode=Mode.OFF))
 
 

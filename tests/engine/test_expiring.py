@@ -1,10 +1,10 @@
-"""The in-process keyspace forgets idle clients, at a bounded cost per operation."""
+"""The in-process expiring store forgets idle clients, at a bounded cost per operation."""
 
 from __future__ import annotations
 
 from ratelimits.engine import Limit, MemoryEngine
-from ratelimits.engine.keys import US
-from ratelimits.engine.keyspace import GRAIN, Keyspace
+from ratelimits.engine.expiring import GRAIN, ExpiringStore
+from ratelimits.engine.keynames import US
 from tests.engine.conftest import T0
 
 
@@ -37,7 +37,7 @@ def test_sweeping_examines_a_bounded_number_of_entries_per_operation():
 
 
 def test_a_key_written_again_lives_until_its_latest_expiry():
-    store = Keyspace()
+    store = ExpiringStore()
     store.set("k", 1, 0.0, 10 * US)
     store.set("k", 2, 5 * US, 10 * US)  # extended to 15 s
     store.sweep(12 * US)
@@ -46,7 +46,7 @@ def test_a_key_written_again_lives_until_its_latest_expiry():
 
 
 def test_memory_is_freed_at_most_one_slot_after_the_expiry():
-    store = Keyspace()
+    store = ExpiringStore()
     store.set("longer", 1, 0.0, 10 * US)
     store.set("longer", 2, 5 * US, 10 * US)  # extended to 15 s
     store.set("shorter", 1, 0.0, 10 * US)
@@ -60,7 +60,7 @@ def test_memory_is_freed_at_most_one_slot_after_the_expiry():
 
 
 def test_a_hot_key_costs_one_entry_however_often_it_is_written():
-    store = Keyspace()
+    store = ExpiringStore()
     for i in range(10_000):
         store.set("hot", i, float(i), 60 * US)
         store.sweep(float(i))

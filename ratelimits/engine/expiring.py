@@ -1,4 +1,4 @@
-"""The in-process engine's keyspace: values with an expiry on the engine's own clock."""
+"""The in-process engine's store: values with an expiry on the engine's own clock."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 GRAIN = 1_000_000
 
 
-class Keyspace:
+class ExpiringStore:
     """Keys with expiry on the engine's own clock (explicit `now` or wall time).
 
     Expiry costs O(1) amortised per operation, like a timing wheel: each key is filed in

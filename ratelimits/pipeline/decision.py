@@ -1,0 +1,120 @@
+"""The decision on one request, written once as a flow (see `drivers`).
+
+It picks the policies for the request's scopes from the snapshot (resolver), identifies
+the client (plan), has the in-process engines and the store decide them (layers), and,
+when the store's reply says another process changed the policies, decides the ones this
+request has not met yet on the newer snapshot (version). What was charged is recorded in
+the request's state, so a policy charges a request at most once however many glue layers
+look at it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ratelimits import runtime
+from ratelimits.conf import get_config
+from ratelimits.matching.keykinds import KEY_KINDS
+from ratelimits.matching.paths import normalize_path
+from ratelimits.pipeline.context import Context
+from ratelimits.pipeline.drivers import Blocking, Steps, UserLoad
+from ratelimits.pipeline.layers import decide_planned
+from ratelimits.pipeline.outage import UNREACHED
+from ratelimits.pipeline.plan import plan
+from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
+from ratelimits.pipeline.routing import is_exempt, redirects_with_slash
+from ratelimits.pipeline.state import RequestState, http_request, process, state_for
+from ratelimits.pipeline.version import newer_snapshot
+
+
+def decide_flow(
+    request: Any, scopes: frozenset[str], sender: type, state: RequestState | None = None
+) -> Steps:
+    """The verdict on `request` for the policies of `scopes`; None when nothing applies."""
+    config = get_config()
+    if not config["ENABLED"]:
+        return None
+    if state is None:
+        state = state_for(request)
+    method = (http_request(request).method or "GET").upper()
+    ctx = Context(request, state, method, scopes, sender, config)
+    if (yield from _left_alone(ctx)):
+        return None
+    snap = yield from _snapshot()
+    return (yield from _decide(ctx, snap))
+
+
+def _left_alone(ctx: Context) -> Steps:
+    """Whether no policy looks at this request: `EXEMPT` exempts it, or CommonMiddleware
+    redirects it to its path with a slash (the redirected request is the one charged)."""
+    state, base = ctx.state, ctx.base
+    if state.exempt is None and ctx.config["EXEMPT"]:
+        yield Blocking(is_exempt, base, state, ctx.config)
+    if state.exempt:
+        return True
+    if state.path is None:
+        state.path = normalize_path(base.path_info)
+        if not base.path_info.endswith("/") and redirects_with_slash(base):
+            state.exempt = True
+            return True
+    return False
+
+
+def _snapshot() -> Steps:
+    """The compiled policies; loaded when none is, and the policy tables looked at again
+    once `DB_CHECK_EVERY` has passed (both from the database: blocking calls)."""
+    snap = resolver.ready()
+    if snap is None:
+        snap = yield Blocking(resolver.snapshot)
+    if runtime.clock().monotonic() - process.db_checked_at >= DB_CHECK_EVERY:
+        snap = yield Blocking(resolver.recheck, snap)
+    return snap
+
+
+def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps:
+    """The verdict on the policies of `snap` this request matches and has not met yet;
+    `second_pass`: on a newer snapshot, after the first one's decision."""
+    state = ctx.state
+    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged)
+    if not policies:
+        return (yield from _none_match(ctx, snap, second_pass))
+    planned, failed = yield from _plan(ctx, snap, policies)
+    state.charged.update(p.id for p in policies)
+    verdict, decision = yield from decide_planned(ctx, planned, failed)
+    if decision is UNREACHED:
+        return verdict  # the store is out of reach: the version waits for it
+    state.version_seen = True
+
+    # Another process changed the policies: load them and apply the ones this request
+    # has not met yet (already-charged policies are never charged twice).
+    newer = yield from newer_snapshot(None if decision is None else decision.version, snap,
+                                      ctx.config)
+    if newer is not None and verdict.allowed and not second_pass:
+        extra = yield from _decide(ctx, newer, second_pass=True)
+        if extra is not None:
+            verdict = verdict.merged(extra)
+    return verdict
+
+
+def _none_match(ctx: Context, snap: Snapshot, second_pass: bool) -> Steps:
+    """No policy applies: nothing to decide, but a policy added since may apply."""
+    if ctx.state.version_seen or second_pass:
+        return None
+    ctx.state.version_seen = True
+    newer = yield from newer_snapshot(None, snap, ctx.config)
+    if newer is None:
+        return None
+    return (yield from _decide(ctx, newer, second_pass=True))
+
+
+def _plan(ctx: Context, snap: Snapshot, policies: Sequence[Any]) -> Steps:
+    """(planned, failed) for `policies` (see `plan.plan`): the user loaded first when a
+    key reads it; in a thread when a key or the tier runs your code."""
+    kinds = {p.key_spec.kind for p in policies}
+    if kinds & KEY_KINDS.reads_user:
+        yield UserLoad(ctx.request)
+    config = ctx.config
+    if kinds & KEY_KINDS.calls_code or (config["TIER"] and any(p.overrides for p in policies)):
+        return (yield Blocking(plan, ctx.request, policies, config, ctx.state, snap.members))
+    return plan(ctx.request, policies, config, ctx.state, snap.members)

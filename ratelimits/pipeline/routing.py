@@ -1,0 +1,100 @@
+"""Which requests the policies look at, and which glue layer decides them: an exempt
+request or one CommonMiddleware redirects is left alone; a view that decides its own
+requests (a DRF throttle, `@ratelimit`) has the middleware leave them to it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from ratelimits.conf import get_config
+from ratelimits.pipeline.declared import SCOPES_ATTR
+from ratelimits.pipeline.report import log_safe
+from ratelimits.pipeline.resolver import Snapshot, resolver
+from ratelimits.pipeline.state import RequestState, http_request
+
+logger = logging.getLogger("ratelimits")
+
+
+def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
+    """Whether this request goes to a view that decides it itself: a DRF view whose
+    `PolicyThrottle` will (its `throttle_scope` is some policy's scope), or a view with
+    `@ratelimit`. The middleware then leaves the request to it, which decides the unscoped
+    and the scoped policies in one call (for DRF, after it has authenticated the user that
+    `user` keys count). Cheap when no policy has a scope (the URL is resolved only when
+    one has)."""
+    if snap is None:
+        snap = resolver.snapshot()
+    if not snap.scopes or not get_config()["ENABLED"]:
+        return False
+    from django.urls import Resolver404, get_resolver
+
+    base = http_request(request)
+    try:
+        view = get_resolver(getattr(base, "urlconf", None)).resolve(base.path_info).func
+    except Resolver404:
+        return False
+    except Exception:  # a broken URLconf is Django's to report, not ours to crash on
+        logger.exception("ratelimits: could not resolve %s to find its DRF view",
+                         log_safe(base.path_info))
+        return False
+    if _declared_scopes(view, base) & snap.scopes:
+        return True
+    cls = getattr(view, "cls", None)  # DRF's as_view() keeps the view class there
+    throttles = getattr(cls, "throttle_classes", ())
+    # DRF compat throttles (compat.drf) declare their own limits: the view has some
+    if any(getattr(t, "declares_policies", False) for t in throttles):
+        return True
+    if getattr(cls, "throttle_scope", None) not in snap.scopes:
+        return False
+    return any(getattr(t, "decides_policies", False) for t in throttles)
+
+
+def _declared_scopes(view: Any, base: Any) -> frozenset[str]:
+    """The scopes of the `@ratelimit` limits on a view function, or on a class-based
+    view's `dispatch` or method handler (`method_decorator` copies the attribute)."""
+    scopes: frozenset[str] = getattr(view, SCOPES_ATTR, frozenset())
+    cls = getattr(view, "view_class", None)
+    if cls is not None:
+        for handler in (getattr(cls, "dispatch", None),
+                        getattr(cls, (base.method or "get").lower(), None)):
+            scopes = scopes | getattr(handler, SCOPES_ATTR, frozenset())
+    return scopes
+
+
+_COMMON = "django.middleware.common.CommonMiddleware"
+
+
+def redirects_with_slash(base: Any) -> bool:
+    """Whether CommonMiddleware will answer this request with a redirect to `path + "/"`.
+
+    The redirect costs the client nothing: the request it leads to is charged. Any other
+    unresolved URL is charged, so scanners probing for pages stay limited.
+    """
+    from django.conf import settings
+
+    if not settings.APPEND_SLASH or _COMMON not in settings.MIDDLEWARE:
+        return False
+    from django.middleware.common import CommonMiddleware
+
+    return bool(CommonMiddleware(_no_response).should_redirect_with_slash(base))
+
+
+def _no_response(request: Any) -> Any:  # CommonMiddleware wants a get_response
+    return None
+
+
+def is_exempt(base: Any, state: RequestState, config: Mapping[str, Any]) -> bool:
+    """Whether `RATELIMITS["EXEMPT"]` exempts this request, asked once per request; a
+    function that fails is logged and the request not exempt."""
+    if state.exempt is None:
+        state.exempt = False
+        if config["EXEMPT"]:
+            try:
+                state.exempt = bool(import_string(config["EXEMPT"])(base))
+            except Exception:
+                logger.exception("ratelimits: the EXEMPT function failed; not exempting")
+    return state.exempt
