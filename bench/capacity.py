@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -52,9 +53,10 @@ def _benchmark(client, command: list[str], requests: int) -> tuple[float, float]
     """(requests per second, the server's own microseconds per call); RuntimeError
     unless the server ran every request sent and none failed."""
     client.config_resetstat()
+    port = client.connection_pool.connection_kwargs["port"]
     out = subprocess.run(
-        ["redis-benchmark", "-h", common.REDIS_HOST, "-p", str(common.REDIS_PORT),
-         "--dbnum", str(common.OURS_DB), "-c", str(CLIENTS), "-n", str(requests),
+        ["redis-benchmark", "-h", common.REDIS_HOST, "-p", str(port),
+         "-c", str(CLIENTS), "-n", str(requests),
          "-r", str(KEYSPACE), "--csv", *command],
         capture_output=True, text=True, check=True,
     )
@@ -72,15 +74,26 @@ MINIMAL = "minimal GCRA script (bench/gcra_min.lua)"
 
 
 def run(quick: bool = False) -> Section:
-    from ratelimits.engine.contract import batch_library, batch_source
-
     section = Section("2. Server-side capacity (50 concurrent clients, redis-benchmark)")
     if shutil.which("redis-benchmark") is None:
         section.add("redis-benchmark is not installed: section skipped.")
         return section
     rounds, requests = (1, 20_000) if quick else (3, 150_000)
-    common.flush(common.OURS_DB)
-    client = common.redis_client(common.OURS_DB)
+    from tests.redis_server import RedisProcess
+
+    server = RedisProcess().start()
+    try:
+        return _measure(section, server, rounds, requests)
+    finally:
+        server.stop()
+
+
+def _measure(section: Section, server: Any, rounds: int, requests: int) -> Section:
+    import redis
+
+    from ratelimits.engine.contract import batch_library, batch_source
+
+    client = redis.Redis(host=common.REDIS_HOST, port=server.port)
     function, library = batch_library()
     client.function_load(library, replace=True)
     fcall = ["FCALL", function]
@@ -108,7 +121,7 @@ def run(quick: bool = False) -> Section:
         reply = client.execute_command(*argv)
         if ours and (not isinstance(reply, list) or reply[1] != 1):
             raise RuntimeError(f"batch script refused or failed: {reply!r}")
-    common.flush(common.OURS_DB)
+    client.flushdb()
 
     results: dict[str, list[float]] = {name: [] for name in cases}
     usecs: dict[str, list[float]] = {name: [] for name in cases}
@@ -124,7 +137,8 @@ def run(quick: bool = False) -> Section:
              f"{usec[name]:.1f}", f"{usec[name] / usec[MINIMAL]:.2f}×"] for name in cases]
     section.add(
         f"`redis-benchmark -c {CLIENTS} -n {requests:,} -r {KEYSPACE:,} --csv FCALL <name> "
-        "<numkeys> <keys> <args>` (or `EVALSHA <sha> ...`) against the local server; median "
+        "<numkeys> <keys> <args>` (or `EVALSHA <sha> ...`) against a redis-server of the "
+        "section's own; median "
         f"of {rounds} interleaved runs per row. Our rows send the real batch function (the "
         "library `RedisEngine` loads) or the same script by EVALSHA, with the arguments "
         "`RedisEngine` sends, built by the same `contract.encode` (now_us empty = server "
@@ -144,7 +158,6 @@ def run(quick: bool = False) -> Section:
         Check("decisions/s, ours as the app runs it vs minimal GCRA script", med[APP] / base,
               "reference", True),
     ]
-    common.flush(common.OURS_DB)
     return section
 
 
