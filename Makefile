@@ -30,7 +30,7 @@ test-fast: $(STAMP)
 
 # The README's pictures, taken by the browser test as it walks through the admin.
 screenshots: $(STAMP) $(CHROMIUM)
-	RATELIMITS_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/django/test_browser.py
+	RATELIMITS_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/test_browser.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/adaptive.py [--quick]
 
-The runs of tests/django/test_adaptive_servers.py, longer and written down: the service
+The runs of tests/pipeline/test_adaptive_servers.py, longer and written down: the service
 of `bench/closed_loop.py` (50 ms per request in flight) under 40 closed-loop clients that
 honour Retry-After, on one uvicorn process (an async view) and on one gunicorn process
 with 64 threads (a blocking view), each with a private SQLite database and the run's
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.closed_loop import SWEEP, UNIT, Comparison, Load, compare
 from bench.common import Check, Section, table
-from tests.django.workers import Site
+from tests.support.workers import Site
 
 SVG = Path(__file__).resolve().parent.parent / "docs" / "img" / "adaptive.svg"
 SERVERS = (("uvicorn", "/abusy/"), ("gunicorn", "/busy/"))
@@ -72,7 +72,7 @@ def run(quick: bool = False) -> Section:
         "by the time each request ended. uvicorn: one process, an async view; gunicorn: "
         "one process, `-k gthread --threads 64`, a blocking view. A fixed limit k is an "
         "adaptive policy whose floor is its maximum, k. The same runs, shorter, are "
-        "`tests/django/test_adaptive_servers.py`."
+        "`tests/pipeline/test_adaptive_servers.py`."
     )
     rows = [row for kind, result in results.items() for row in _rows(kind, result)]
     section.add(table(["server", "run", "admitted/s", "p50 ms", "p95 ms", "refused/s"],

@@ -153,7 +153,7 @@ def test_one_store_call_decides_the_views_throttles_and_the_site_policy(
     """Two compat throttles and an unscoped policy of the middleware: one FCALL."""
     import redis
 
-    from tests.django.test_round_trips import commands
+    from tests.pipeline.test_round_trips import commands
 
     settings.CACHES = {
         **settings.CACHES,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.django.workers import Site
+from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 

@@ -35,7 +35,7 @@ def enable(settings, **extra) -> None:
     settings.RATELIMITS = {
         **settings.RATELIMITS,
         "METRICS": True,
-        "EXEMPT": "tests.django.test_metrics.exempt_scrapes",
+        "EXEMPT": "tests.pipeline.test_metrics.exempt_scrapes",
         **extra,
     }
 

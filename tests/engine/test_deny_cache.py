@@ -21,9 +21,9 @@ from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.contract import batch_library
 from ratelimits.engine.keynames import stats_key
 from ratelimits.engine.local_first import HOLD
-from tests.django.workers import Site
 from tests.redis_server import Monitor
 from tests.settings import RATELIMITS
+from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 

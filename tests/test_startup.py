@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MIDDLEWARE = "ratelimits.middleware.RateLimitMiddleware"
 
 WSGI = "from django.core.wsgi import get_wsgi_application; get_wsgi_application(); print('up')"

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from ratelimits.engine.heartbeat import BEAT_EVERY
-from tests.django.workers import Site
+from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 

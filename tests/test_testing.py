@@ -26,7 +26,7 @@ def _posts(client, n, path="/login/"):
 def test_the_readme_shows_the_example_module_as_it_is():
     module = Path(__file__).with_name("test_readme_testing.py").read_text()
     body = module.split('"""\n\n', 1)[1]
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert body.strip() in readme
 
 

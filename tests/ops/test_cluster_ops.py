@@ -27,7 +27,7 @@ from ratelimits.engine.cluster_counts import cluster_offenders_key
 from ratelimits.engine.keynames import stats_key
 from ratelimits.ops import observe
 from ratelimits.pipeline.store import get_engine
-from tests.django.test_metrics import (
+from tests.pipeline.test_metrics import (
     counts,
     enable,
     engine_calls,
@@ -35,8 +35,8 @@ from tests.django.test_metrics import (
     scrape,
     unique,
 )
-from tests.django.test_promises_store import PREFIX
-from tests.django.test_redis_url import use_url
+from tests.pipeline.test_promises_store import PREFIX
+from tests.pipeline.test_redis_url import use_url
 
 URL = "/admin/ratelimits/policy/"
 

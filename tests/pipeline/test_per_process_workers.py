@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from ratelimits.engine.heartbeat import BEAT_EVERY
-from tests.django.workers import Site
+from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 

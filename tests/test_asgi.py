@@ -1,6 +1,6 @@
 """Under a real ASGI server (uvicorn), the middleware decides on the event loop.
 
-The site is tests/django/workers_settings.py served by one uvicorn process on a private
+The site is tests/support/workers_settings.py served by one uvicorn process on a private
 redis-server: its asyncio engine records the thread of every decision, and an async view
 reports them beside the event loop's own thread.
 """
@@ -14,8 +14,8 @@ import time
 import pytest
 import redis
 
-from tests.django.workers import Site
 from tests.settings import RATELIMITS
+from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from tests.django.workers import Site
+from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 

@@ -209,7 +209,7 @@ def test_leaky_bucket_delay_is_slept_and_a_longer_wait_is_refused(
 
 
 def test_exempt_function_skips_every_policy(client, make_policy, settings):
-    settings.RATELIMITS = {**settings.RATELIMITS, "EXEMPT": "tests.django.hooks.exempt_health"}
+    settings.RATELIMITS = {**settings.RATELIMITS, "EXEMPT": "tests.support.hooks.exempt_health"}
     make_policy(limit=1)
     assert statuses(client, "/hello/", 3, HTTP_X_HEALTH="1") == [200, 200, 200]
     assert statuses(client, "/hello/", 2) == [200, 429]
@@ -222,7 +222,7 @@ def test_kill_switch(client, make_policy, settings):
 
 
 def test_custom_reject_view(client, make_policy, settings):
-    settings.RATELIMITS = {**settings.RATELIMITS, "REJECT_VIEW": "tests.django.hooks.teapot"}
+    settings.RATELIMITS = {**settings.RATELIMITS, "REJECT_VIEW": "tests.support.hooks.teapot"}
     make_policy(name="strict", limit=1)
     client.get("/hello/")
     response = client.get("/hello/")
@@ -232,18 +232,18 @@ def test_custom_reject_view(client, make_policy, settings):
 
 
 def test_broken_reject_view_falls_back_to_the_default(client, make_policy, settings):
-    settings.RATELIMITS = {**settings.RATELIMITS, "REJECT_VIEW": "tests.django.hooks.broken"}
+    settings.RATELIMITS = {**settings.RATELIMITS, "REJECT_VIEW": "tests.support.hooks.broken"}
     make_policy(limit=1)
     client.get("/hello/")
     assert client.get("/hello/").status_code == 429
 
 
 def test_call_key_that_raises_is_contained(client, make_policy, caplog):
-    make_policy(name="fn-allow", limit=1, key="call:tests.django.hooks.failing_key")
+    make_policy(name="fn-allow", limit=1, key="call:tests.support.hooks.failing_key")
     make_policy(
         name="fn-deny",
         limit=1,
-        key="call:tests.django.hooks.failing_key",
+        key="call:tests.support.hooks.failing_key",
         on_error="deny",
         path="/login/",
     )

@@ -20,7 +20,7 @@ from ratelimits.models import Override, Policy
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import registry
 from ratelimits.testing import limited
-from tests.django.test_round_trips import commands
+from tests.pipeline.test_round_trips import commands
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Settings of the gunicorn workers that the multi-process tests start (tests/django/workers.py).
+"""Settings of the gunicorn workers that the multi-process tests start (tests/support/workers.py).
 
 The test suite's settings, with a file SQLite database the workers and the test share,
 the engine on the test's private redis-server, and views that say which worker answered.
@@ -17,8 +17,8 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
                          "NAME": os.environ["WORKERS_DB"]}}
 CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
                       "LOCATION": os.environ["WORKERS_REDIS_URL"]}}
-RATELIMITS = {**RATELIMITS, "REJECT_VIEW": "tests.django.workers_settings.rejected"}
-ROOT_URLCONF = "tests.django.workers_settings"
+RATELIMITS = {**RATELIMITS, "REJECT_VIEW": "tests.support.workers_settings.rejected"}
+ROOT_URLCONF = "tests.support.workers_settings"
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
 
@@ -30,7 +30,7 @@ def rejected(request, rejection):
     return HttpResponse(str(os.getpid()), status=rejection.status)
 
 
-# Under uvicorn (tests/django/test_asgi.py): the threads the asyncio engine decided on,
+# Under uvicorn (tests/test_asgi.py): the threads the asyncio engine decided on,
 # and the event loop's own, so the test can see that no decision left the loop.
 decided_on: list[int] = []
 

@@ -207,7 +207,7 @@ def test_a_failed_check_keeps_the_snapshot_and_says_why(client, make_policy, clo
     import logging
 
     from ratelimits.pipeline.resolver import DB_CHECK_EVERY
-    from tests.django.test_promises_reload import rename_policy_table
+    from tests.pipeline.test_promises_reload import rename_policy_table
 
     make_policy(name="a", limit=2, path="/hello/")
     assert client.get("/hello/").status_code == 200

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench.closed_loop import Comparison, compare
-from tests.django.workers import Site
+from tests.support.workers import Site
 
 
 def report(name: str, result: Comparison) -> str:

@@ -1,5 +1,5 @@
 """The test a user writes for a rate-limited login view, exactly as the README shows it
-(tests/django/test_testing.py checks that the README still does)."""
+(tests/test_testing.py checks that the README still does)."""
 
 from django.test import TestCase
 

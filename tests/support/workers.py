@@ -2,7 +2,7 @@
 
 `Site` migrates a file SQLite database, runs code in a process of the site (to save
 policies as an operator would), starts `gunicorn -w N` and sends requests whose answer
-names the worker's pid (tests/django/workers_settings.py).
+names the worker's pid (tests/support/workers_settings.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Site:
     With `probe` None the server is ready when it accepts a connection, so the first
     request a test sends is the first the site serves."""
 
-    def __init__(self, tmp: Path, redis_url: str, settings: str = "tests.django.workers_settings",
+    def __init__(self, tmp: Path, redis_url: str, settings: str = "tests.support.workers_settings",
                  probe: str | None = "/free/") -> None:
         self.env = {
             **os.environ,

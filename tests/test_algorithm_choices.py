@@ -15,6 +15,7 @@ def test_the_choices_are_the_registry():
     assert Policy._meta.get_field("algorithm").choices == ALGORITHM_CHOICES
 
 
+@pytest.mark.django_db  # makemigrations reads the applied migrations to check their history
 def test_a_new_algorithm_needs_no_migration():
     """The choices come from the registry when the model loads and stay out of the
     migrations (which are in step with the models: makemigrations finds nothing)."""

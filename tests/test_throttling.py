@@ -77,7 +77,7 @@ def test_a_scoped_view_costs_one_store_call_for_all_its_policies(
     commandstats), the middleware and PolicyThrottle both installed."""
     import redis
 
-    from tests.django.test_round_trips import commands
+    from tests.pipeline.test_round_trips import commands
 
     settings.CACHES = {
         **settings.CACHES,
