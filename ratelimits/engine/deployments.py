@@ -27,6 +27,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import EngineUnavailable
+from ratelimits.engine.interfaces import AsyncEngine, StoreEngine
 
 __all__ = [
     "DEPLOYMENTS",
@@ -487,7 +488,7 @@ def deployment_of(client: Any) -> Deployment:
 
 
 def engine_on_url(url: RedisURL, timeouts: tuple[float, float],
-                  shared: Mapping[str, Any]) -> tuple[Any, Any]:
+                  shared: Mapping[str, Any]) -> tuple[StoreEngine, AsyncEngine | None]:
     """The store engine on `REDIS_URL`'s Redis and its asyncio twin. `shared` are the
     engine's keyword arguments (its `breaker` also spares an unreachable cluster's seeds).
     ImportError when the mode's engine is not installed; EngineUnavailable when a cluster
@@ -501,7 +502,8 @@ def engine_on_url(url: RedisURL, timeouts: tuple[float, float],
     return engine, mode.twin(engine, client)
 
 
-def engine_on_client(client: Any, shared: Mapping[str, Any]) -> tuple[Any, Any]:
+def engine_on_client(client: Any, shared: Mapping[str, Any]
+                     ) -> tuple[StoreEngine, AsyncEngine | None]:
     """The store engine on a limiter client (`limiter_client`) and its asyncio twin."""
     mode = deployment_of(client)
     engine = mode.engine()(client, **shared)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ratelimits.engine.interfaces import Engine
 from ratelimits.pipeline import store
 from ratelimits.pipeline.store import LATENCY_US, LIMIT_SUM, SAMPLES
 
@@ -88,7 +89,7 @@ def current_minute(now: float | None = None) -> int:
 
 
 def series(
-    names: Sequence[str], minutes: int, *, now: float | None = None, engine: Any = None
+    names: Sequence[str], minutes: int, *, now: float | None = None, engine: Engine | None = None
 ) -> dict[str, list[PolicyCounts]]:
     """Per-minute counts of each policy over the last `minutes` minutes, oldest first,
     the current (partial) minute last. One pipelined round trip in all."""
@@ -103,7 +104,7 @@ def series(
 
 
 def last_hour(
-    names: Sequence[str], *, now: float | None = None, engine: Any = None
+    names: Sequence[str], *, now: float | None = None, engine: Engine | None = None
 ) -> dict[str, PolicyCounts]:
     """Each policy's totals over the last 60 minutes, in one round trip."""
     per_minute = series(names, 60, now=now, engine=engine)
@@ -111,7 +112,7 @@ def last_hour(
 
 
 def offenders(
-    name: str, n: int = 10, *, now: float | None = None, engine: Any = None
+    name: str, n: int = 10, *, now: float | None = None, engine: Engine | None = None
 ) -> list[tuple[str, int]]:
     """The clients this policy refused (or would have) most in the current and previous
     clock hour, merged, most first. One round trip.

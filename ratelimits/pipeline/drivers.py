@@ -15,6 +15,8 @@ from asgiref.sync import sync_to_async
 from django.utils.functional import SimpleLazyObject, empty
 
 from ratelimits.engine.flows import Flow, arun_flow, run_flow
+from ratelimits.engine.interfaces import Engine
+from ratelimits.engine.types import Limit
 from ratelimits.pipeline.state import http_request
 
 #: A flow of the request path: it yields the needs below and returns what it decided.
@@ -35,7 +37,7 @@ class StoreCall:
 
     __slots__ = ("engine", "limits", "now")
 
-    def __init__(self, engine: Any, limits: list[Any], now: float | None) -> None:
+    def __init__(self, engine: Engine, limits: list[Limit], now: float | None) -> None:
         self.engine, self.limits, self.now = engine, limits, now
 
 
@@ -44,7 +46,7 @@ class VersionRead:
 
     __slots__ = ("engine",)
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratelimits.engine.errors import EngineError
+from ratelimits.engine.interfaces import Engine
 from ratelimits.engine.types import Decision
 from ratelimits.pipeline.context import Context
 from ratelimits.pipeline.drivers import Steps, StoreCall
@@ -42,7 +43,7 @@ def decide_planned(ctx: Context, planned: list[Planned], failed: list[Any]) -> S
 def _decide_shared(ctx: Context, planned: list[Planned], failed: list[Any]) -> Steps:
     """The store decides `planned` in one call; (verdict, its decision or `UNREACHED`)."""
     timed = Timed(ctx.config)
-    engine: Any = None
+    engine: Engine | None = None
     try:
         engine = get_engine()  # a cluster client needs a reachable node to be built
         decision = yield StoreCall(engine, [p.limit for p in planned], ctx.now())

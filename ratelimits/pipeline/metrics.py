@@ -95,7 +95,7 @@ class Recorder:
             children = self._policies[name] = tuple(labels(name, o) for o in OUTCOMES)
         return children
 
-    def _histogram(self, engine: Any) -> Any:
+    def _histogram(self, engine: object) -> Any:
         kind = type(engine)
         child = self._backends.get(kind)
         if child is None:
@@ -106,7 +106,8 @@ class Recorder:
             child = self._backends[kind] = self.engine_seconds.labels(backend)
         return child
 
-    def decided(self, engine: Any, seconds: float, planned: Iterable[Any], decision: Any) -> None:
+    def decided(self, engine: object, seconds: float, planned: Iterable[Any],
+                decision: Any) -> None:
         """One engine answer: its latency and each policy's outcome (never raises).
 
         `planned`: (policy, identity) pairs in the order of `decision.results`; each
@@ -130,7 +131,7 @@ class Recorder:
         except Exception as exc:
             _failed(exc)
 
-    def unavailable(self, engine: Any, seconds: float, policies: Iterable[Any]) -> None:
+    def unavailable(self, engine: object, seconds: float, policies: Iterable[Any]) -> None:
         """The store failed: the failed call's latency; each policy's on_error decides."""
         try:
             self._histogram(engine).observe(seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ratelimits.engine.interfaces import Engine
 from ratelimits.pipeline.context import Context
 from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.plan import Planned
@@ -23,7 +24,7 @@ def unreached(
     failed: Sequence[Any],
     exc: Exception,
     *,
-    engine: Any,
+    engine: Engine | None,
     timed: Timed,
 ) -> Verdict:
     """The verdict on `planned` when the store's `engine` failed with `exc` (`engine` is

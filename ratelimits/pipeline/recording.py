@@ -26,14 +26,14 @@ class Timed:
         return time.perf_counter() - self.started if self.recorder is not None else 0.0
 
     def decided(
-        self, engine: Any, seconds: float, planned: Sequence[Planned], decision: Decision
+        self, engine: object, seconds: float, planned: Sequence[Planned], decision: Decision
     ) -> None:
         """Record what `engine` decided about `planned` in `seconds`."""
         if self.recorder is not None:
             self.recorder.decided(engine, seconds, [(p.policy, p.identity) for p in planned],
                                   decision)
 
-    def unavailable(self, engine: Any, planned: Sequence[Planned]) -> None:
+    def unavailable(self, engine: object, planned: Sequence[Planned]) -> None:
         """Record a call to `engine` about `planned` that found the store out of reach."""
         if self.recorder is not None:
             self.recorder.unavailable(engine, self.lap(), (p.policy for p in planned))

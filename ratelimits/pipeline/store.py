@@ -30,7 +30,7 @@ from ratelimits.engine.deployments import (
     engine_on_url,
     limiter_client,
 )
-from ratelimits.engine.interfaces import Engine, Holder
+from ratelimits.engine.interfaces import AsyncEngine, Engine, Holder, StoreEngine
 from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.memory import MemoryEngine
 from ratelimits.engine.types import Decision, Limit
@@ -44,7 +44,7 @@ _lock = threading.RLock()  # get_engine() may build the local engine inside
 _engine: Engine | None = None
 _local: MemoryEngine | None = None
 _adaptive: AdaptiveEngine | None = None
-_breaker: Any = None
+_breaker: CircuitBreaker | None = None
 
 
 def cache_backend(alias: str) -> str | None:
@@ -78,7 +78,7 @@ def _version_key(prefix: str) -> str:
     return f"{prefix}version"
 
 
-def get_engine() -> Any:
+def get_engine() -> Engine:
     """The shared engine: on `REDIS_URL`, else on a Redis-backed cache, else the local one."""
     global _engine
     engine = _engine
@@ -90,7 +90,7 @@ def get_engine() -> Any:
     return engine
 
 
-def _build_engine(config: Mapping[str, Any]) -> Any:
+def _build_engine(config: Mapping[str, Any]) -> Engine:
     """A store engine behind a `LocalFirst` (what a process decides alone), with its
     asyncio twin (async requests await the store on their event loop), built for its
     deployment mode (`engine.deployments`); or the local engine when the configured cache
@@ -123,7 +123,7 @@ def _build_engine(config: Mapping[str, Any]) -> Any:
 
 
 def _engine_on_url(url: RedisURL, timeouts: tuple[float, float],
-                   shared: Mapping[str, Any]) -> tuple[Any, Any]:
+                   shared: Mapping[str, Any]) -> tuple[StoreEngine, AsyncEngine | None]:
     """`engine_on_url`, with an engine this version lacks said as a configuration error."""
     try:
         return engine_on_url(url, timeouts, shared)
