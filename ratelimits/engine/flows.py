@@ -11,7 +11,7 @@ asyncio twin (`engine.aio`) differ only in how they perform a need.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["Flow", "arun_flow", "run_flow"]
 
@@ -19,43 +19,36 @@ T = TypeVar("T")
 Flow = Generator[Any, Any, T]
 
 
-class _Step(NamedTuple):
-    """Where a flow stands: `done` with what it returned (`value`), or its next `value`
-    to perform."""
-
-    done: bool
-    value: Any
-
-
-def _resume(flow: Flow[Any], value: Any, error: BaseException | None) -> _Step:
-    """Send `value` into `flow` (or throw `error` into it): its next need, or its end."""
+def _resume(flow: Flow[Any], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Send `value` into `flow` (or throw `error` into it): (False, its next need), or
+    (True, what it returned). A plain tuple: this runs several times per request."""
     try:
-        return _Step(False, flow.send(value) if error is None else flow.throw(error))
+        return False, (flow.send(value) if error is None else flow.throw(error))
     except StopIteration as done:
-        return _Step(True, done.value)
+        return True, done.value
 
 
 def run_flow(flow: Flow[T], perform: Callable[[Any], Any]) -> T:
     """Run `flow` to its end, each need performed by `perform(need)` in this thread."""
-    step = _resume(flow, None, None)
-    while not step.done:
+    done, need = _resume(flow, None, None)
+    while not done:
         try:
-            value, error = perform(step.value), None
+            value, error = perform(need), None
         except BaseException as exc:  # a cancelled task too: the flow cleans up, re-raises
             value, error = None, exc
-        step = _resume(flow, value, error)
-    result: T = step.value
+        done, need = _resume(flow, value, error)
+    result: T = need
     return result
 
 
 async def arun_flow(flow: Flow[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
     """`run_flow` for async code: each need is awaited (`await perform(need)`)."""
-    step = _resume(flow, None, None)
-    while not step.done:
+    done, need = _resume(flow, None, None)
+    while not done:
         try:
-            value, error = await perform(step.value), None
+            value, error = await perform(need), None
         except BaseException as exc:  # a cancelled task too: the flow cleans up, re-raises
             value, error = None, exc
-        step = _resume(flow, value, error)
-    result: T = step.value
+        done, need = _resume(flow, value, error)
+    result: T = need
     return result
