@@ -35,7 +35,7 @@ def plan(
 
     A policy whose key finds no client (a `user` key on an anonymous request), or whose
     override exempts this client, is in neither: it does not apply. An override's limit
-    replaces the policy's for this client (see `pipeline.overrides`); `members` are the
+    replaces the policy's for this client (see `matching.overrides`); `members` are the
     snapshot's group memberships, the tier is asked once per request (`state`).
     """
     from ratelimits.matching.identity import IdentityError
