@@ -61,8 +61,8 @@ def measure(rounds: int, n: int) -> dict[str, Any]:
         from ratelimits.middleware import RateLimitMiddleware
         from ratelimits.models import Override, Policy
         from ratelimits.pipeline import decision
+        from ratelimits.pipeline.engines import get_engine
         from ratelimits.pipeline.resolver import load_snapshot, resolver
-        from ratelimits.pipeline.store import get_engine
 
         decision.DB_CHECK_EVERY = float("inf")  # the bench swaps snapshots itself
         policy = Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",

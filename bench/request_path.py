@@ -110,8 +110,8 @@ def _child(quick: bool) -> None:
 
     from ratelimits.middleware import RateLimitMiddleware
     from ratelimits.models import Policy
+    from ratelimits.pipeline.engines import get_engine
     from ratelimits.pipeline.resolver import resolver
-    from ratelimits.pipeline.store import get_engine
 
     with transaction.atomic():
         Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",

@@ -25,8 +25,8 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import build_config
 from ratelimits.matching.paths import PathPattern, normalize_path
+from ratelimits.pipeline.engines import cache_backend, is_redis_backend
 from ratelimits.pipeline.metrics import available
-from ratelimits.pipeline.store import cache_backend, is_redis_backend
 
 MIDDLEWARE = "ratelimits.middleware.RateLimitMiddleware"
 THROTTLE = "ratelimits.throttling.PolicyThrottle"

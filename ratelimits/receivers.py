@@ -16,9 +16,9 @@ from django.urls import get_resolver
 
 from ratelimits.models import Override, Policy
 from ratelimits.pipeline.declared import registry
+from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.evaluation import release
 from ratelimits.pipeline.resolver import resolver
-from ratelimits.pipeline.store import get_engine
 
 logger = logging.getLogger("ratelimits")
 

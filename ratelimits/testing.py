@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ratelimits.engine import MemoryEngine
-from ratelimits.pipeline import store
+from ratelimits.pipeline import engines
 from ratelimits.pipeline.resolver import load_snapshot, pinned_snapshot, resolver
 from ratelimits.pipeline.state import reset_state
 from ratelimits.runtime import use_clock
@@ -114,7 +114,7 @@ class Limits:
     def reset(self) -> None:
         """Forget every count, as if no request had been made."""
         self.engine = MemoryEngine()
-        store.install(self.engine)
+        engines.install(self.engine)
 
     def __enter__(self) -> Limits:
         if self._depth == 0:

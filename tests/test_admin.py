@@ -57,7 +57,7 @@ def test_add_form_shows_validation_messages_on_the_field(admin_client):
 def test_actions_switch_mode_publish_and_record_history(
     admin_client, make_policy, action, mode, client, django_capture_on_commit_callbacks
 ):
-    from ratelimits.pipeline.store import get_engine
+    from ratelimits.pipeline.engines import get_engine
 
     a = make_policy(name="a", mode="shadow" if mode != "shadow" else "enforce", limit=1)
     b = make_policy(name="b", mode="enforce", limit=1, path="/other/")

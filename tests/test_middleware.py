@@ -9,7 +9,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
 from ratelimits import signals
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.engines import get_engine
 from ratelimits.runtime import using_clock
 from ratelimits.testing import Clock
 

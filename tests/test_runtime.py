@@ -13,11 +13,11 @@ from ratelimits.compat.django_ratelimit.core import upstream
 from ratelimits.conf import get_config
 from ratelimits.engine import Limit, MemoryEngine, RedisEngine, keynames
 from ratelimits.matching.identity import client_ip, parse_trusted_proxies
+from ratelimits.pipeline.engines import get_adaptive_engine, get_engine, get_local_engine, install
 from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.report import log_unavailable
 from ratelimits.pipeline.resolver import pinned_snapshot, resolver
 from ratelimits.pipeline.state import process
-from ratelimits.pipeline.store import get_adaptive_engine, get_engine, get_local_engine, install
 from ratelimits.pipeline.waiting import room
 from ratelimits.pipeline.watchdog import watchdog
 from ratelimits.runtime import reset_process, using_clock

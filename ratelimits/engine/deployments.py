@@ -5,7 +5,7 @@ built for it.
 A new mode is one `Deployment` entry in `DEPLOYMENTS` (and its line in the README's
 "Configuration: REDIS_URL"). The settings check, the URL messages and the engine's
 construction derive from the table. Nothing here imports Django: a Django cache alias is
-read in `ratelimits.pipeline.store`, which hands its client to `limiter_client`.
+read in `ratelimits.pipeline.engines`, which hands its client to `limiter_client`.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.engine.interfaces import Engine
-from ratelimits.pipeline import store
-from ratelimits.pipeline.store import LATENCY_US, LIMIT_SUM, SAMPLES
+from ratelimits.pipeline import engines
+from ratelimits.pipeline.engines import LATENCY_US, LIMIT_SUM, SAMPLES
 
 MINUTE = 60
 HOUR = 3600
@@ -35,7 +35,7 @@ class PolicyCounts:
     `admitted`: passed and charged. `rejected`: refused by this (enforced) policy.
     `would_reject`: a shadow policy would have refused. `spared`: this policy admitted
     but another refused the request, so nothing was charged. An adaptive policy's
-    samples besides (`store.SAMPLES` ...): how many, their latencies and the limits they
+    samples besides (`engines.SAMPLES` ...): how many, their latencies and the limits they
     left, summed over every process.
     """
 
@@ -93,7 +93,7 @@ def series(
 ) -> dict[str, list[PolicyCounts]]:
     """Per-minute counts of each policy over the last `minutes` minutes, oldest first,
     the current (partial) minute last. One pipelined round trip in all."""
-    engine = engine or store.get_engine()
+    engine = engine or engines.get_engine()
     last = current_minute(now)
     span = range(last - minutes + 1, last + 1)
     raw = engine.counters_many([(name, m) for name in names for m in span])
@@ -121,7 +121,7 @@ def offenders(
     that entered a full list (it keeps the busiest `OFFENDERS_CAP` per hour) is counted
     from then on, so its count is a lower bound; rotating identities cannot push one
     above what it earned. See `OFFENDERS_NOTE`."""
-    engine = engine or store.get_engine()
+    engine = engine or engines.get_engine()
     hour = int((time.time() if now is None else now) // HOUR)
     merged: dict[str, int] = {}
     for listing in engine.offenders_many([(name, hour - 1), (name, hour)], n):

@@ -1,2 +1,2 @@
-"""The request path: middleware and throttle -> evaluation -> resolver -> identity and paths
--> the engine from `store` -> responses and headers. Nothing here queries the database."""
+"""The request path: middleware and throttle -> evaluation -> resolver -> matching
+-> the engine from `engines` -> responses and headers. Nothing here queries the database."""

@@ -9,8 +9,8 @@ from typing import Any
 
 from ratelimits.engine.interfaces import Engine
 from ratelimits.engine.types import Limit
+from ratelimits.pipeline.engines import get_local_engine
 from ratelimits.pipeline.report import log_unavailable
-from ratelimits.pipeline.store import get_local_engine
 from ratelimits.pipeline.verdict import (
     ADMITTED,
     UNAVAILABLE,

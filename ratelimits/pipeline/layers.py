@@ -10,15 +10,15 @@ from ratelimits.engine.interfaces import Engine
 from ratelimits.engine.types import Decision
 from ratelimits.pipeline.context import Context
 from ratelimits.pipeline.drivers import Steps, StoreCall
-from ratelimits.pipeline.outage import UNREACHED, unreached
-from ratelimits.pipeline.plan import Planned
-from ratelimits.pipeline.recording import Timed
-from ratelimits.pipeline.store import (
+from ratelimits.pipeline.engines import (
     count_in_store,
     get_adaptive_engine,
     get_engine,
     get_local_engine,
 )
+from ratelimits.pipeline.outage import UNREACHED, unreached
+from ratelimits.pipeline.plan import Planned
+from ratelimits.pipeline.recording import Timed
 from ratelimits.pipeline.verdict import PolicyOutcome
 from ratelimits.pipeline.watchdog import hold
 

@@ -5,7 +5,7 @@ wraps the same one), so the middleware and the throttle share it; each layer loo
 once and passes it on.
 
 Process-wide, the request path keeps: the validated settings (`conf`), the engines and
-their circuit breaker (`store`), the compiled policy snapshot (`resolver`), the metrics
+their circuit breaker (`engines`), the compiled policy snapshot (`resolver`), the metrics
 recorder decision, the engine's key cache, the last "store unavailable" log time, when
 the policy version was last learnt and the policy tables last looked at (`process`),
 the concurrency watchdog, the waiting room, and the clock. Each holder registers its

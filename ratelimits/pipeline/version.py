@@ -9,10 +9,10 @@ from typing import Any
 from ratelimits import runtime
 from ratelimits.engine.errors import EngineError
 from ratelimits.pipeline.drivers import Blocking, Steps, VersionRead
+from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.report import log_unavailable
 from ratelimits.pipeline.resolver import Snapshot, resolver
 from ratelimits.pipeline.state import process
-from ratelimits.pipeline.store import get_engine
 
 #: A process that learns the policy version from no reply reads it at most this often.
 VERSION_EVERY = 1.0

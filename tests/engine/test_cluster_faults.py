@@ -29,7 +29,7 @@ from tests.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.slow
 
-#: The limiter's own client options (as `pipeline.store.cluster_client` builds them).
+#: The limiter's own client options (as `engine.deployments.cluster_client` builds them).
 TIMEOUT = 0.5
 
 

@@ -26,7 +26,7 @@ from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.cluster_counts import cluster_offenders_key
 from ratelimits.engine.keynames import stats_key
 from ratelimits.ops import observe
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.engines import get_engine
 from tests.pipeline.test_metrics import (
     counts,
     enable,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ratelimits.ops import observe
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.engines import get_engine
 
 URL = "/admin/ratelimits/policy/"
 

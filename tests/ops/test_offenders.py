@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from ratelimits.engine import Limit
 from ratelimits.engine.keynames import OFFENDERS_CAP
 from ratelimits.ops import observe
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.engines import get_engine
 
 URL = "/admin/ratelimits/policy/"
 

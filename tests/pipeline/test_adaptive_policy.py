@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 from ratelimits.models import Override, Policy
 from ratelimits.ops import observe
-from ratelimits.pipeline.store import get_adaptive_engine
+from ratelimits.pipeline.engines import get_adaptive_engine
 
 ADAPTIVE = {"name": "busy", "mode": "enforce", "algorithm": "adaptive", "limit": 8,
             "floor": 1, "period": 60, "key": "global", "path": "/stream/"}

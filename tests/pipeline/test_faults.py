@@ -159,7 +159,7 @@ def test_read_only_replica_after_failover(
 
 
 def test_engine_client_has_the_limiter_timeouts_not_the_caches(settings):
-    from ratelimits.pipeline.store import get_engine
+    from ratelimits.pipeline.engines import get_engine
 
     settings.RATELIMITS = {**settings.RATELIMITS, "SOCKET_TIMEOUT": 0.05, "CONNECT_TIMEOUT": 0.02}
     with override_settings():

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from ratelimits.engine.contract import lease_source
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.engines import get_engine
 from tests.redis_server import Monitor, sha
 
 

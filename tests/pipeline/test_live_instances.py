@@ -93,7 +93,7 @@ def test_the_local_fallback_takes_a_share_of_the_live_count(
     for _ in range(3):  # three other processes beat
         RedisEngine(direct, prefix="tests-rl:", live_key="tests-rl:live").evaluate([LIMIT])
     assert client.get("/hello/").status_code == 200  # this one beats: four live
-    from ratelimits.pipeline.store import get_engine
+    from ratelimits.pipeline.engines import get_engine
 
     assert get_engine().live_instances == 4
     private_redis.stop()

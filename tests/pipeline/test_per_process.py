@@ -13,7 +13,7 @@ from ratelimits import signals
 from ratelimits.engine import Limit, MemoryEngine
 from ratelimits.engine.registry import ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Outcome
-from ratelimits.pipeline.store import get_local_engine
+from ratelimits.pipeline.engines import get_local_engine
 
 
 def commands(client: redis.Redis) -> dict[str, int]:

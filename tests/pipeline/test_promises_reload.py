@@ -21,8 +21,8 @@ from django.test.utils import CaptureQueriesContext
 
 from ratelimits.models import Policy
 from ratelimits.pipeline import resolver as resolver_module
+from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.resolver import RETRY_AFTER_FAILURE, resolver
-from ratelimits.pipeline.store import get_engine
 
 
 def policy_queries(ctx: CaptureQueriesContext) -> list[str]:

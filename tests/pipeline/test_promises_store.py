@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ratelimits.pipeline.store import get_engine
+from ratelimits.pipeline.engines import get_engine
 from tests.redis_server import RedisProcess, free_port
 
 PREFIX = "tests-rl:"  # RATELIMITS["KEY_PREFIX"] in tests/settings.py

@@ -24,7 +24,7 @@ from redis.exceptions import RedisClusterException
 
 from ratelimits.conf import build_config
 from ratelimits.engine import deployments
-from ratelimits.pipeline.store import get_engine, is_shared
+from ratelimits.pipeline.engines import get_engine, is_shared
 from tests.pipeline.test_promises_store import (  # noqa: F401  (fixtures)
     PREFIX,
     certificates,

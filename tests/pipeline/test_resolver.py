@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ratelimits.models import Policy
+from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.resolver import resolver
-from ratelimits.pipeline.store import get_engine
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_reload_when_another_process_bumps_the_version(client, make_policy, redi
     script = textwrap.dedent("""
         import os, django
         django.setup()
-        from ratelimits.pipeline.store import get_engine
+        from ratelimits.pipeline.engines import get_engine
         print(get_engine().bump_version())
     """)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "REDIS_URL": redis_url}

@@ -93,7 +93,7 @@ def test_requests_of_clients_outside_the_rollout_pass_and_count_as_would_reject(
 def test_the_list_shows_the_rollout_and_the_action_raises_it_in_steps(
     admin_client, make_policy, django_capture_on_commit_callbacks
 ):
-    from ratelimits.pipeline.store import get_engine
+    from ratelimits.pipeline.engines import get_engine
 
     policy = make_policy(name="half", limit=2, path="/hello/", rollout=1)
     page = admin_client.get(URL).content.decode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.test import override_settings
 
-from ratelimits.pipeline.store import get_engine, get_local_engine, is_shared, redis_client_for
+from ratelimits.pipeline.engines import get_engine, get_local_engine, is_shared, redis_client_for
 
 
 def test_django_redis_alias_gives_the_redis_engine():

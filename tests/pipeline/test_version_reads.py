@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from ratelimits.engine import MemoryEngine
-from ratelimits.pipeline import store
+from ratelimits.pipeline import engines
 from tests.redis_server import script_calls
 
 
@@ -104,7 +104,7 @@ def test_decisions_answered_in_process_still_learn_edits(client, make_policy, se
     version is read when a second old, like an unmatched request's."""
     make_policy(name="api", limit=100, path="/api/*")
     assert client.get("/api/plain/").status_code == 200
-    engine = store.get_engine()
+    engine = engines.get_engine()
     answers = MemoryEngine()
 
     class InProcess:  # like a cache in front of the store: answers here, with no version
@@ -114,7 +114,7 @@ def test_decisions_answered_in_process_still_learn_edits(client, make_policy, se
         def evaluate(self, limits, now=None):
             return answers.evaluate(limits, now)
 
-    store._engine = InProcess()
+    engines._engine = InProcess()
     published_elsewhere(server, path="/api/*")
     assert client.get("/api/plain/").status_code == 200
     before = gets(server)

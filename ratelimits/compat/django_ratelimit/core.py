@@ -382,9 +382,9 @@ def _usage(ask: Ask, verdict: Verdict | None) -> Usage | None:
 def _peek(request: Any, ask: Ask) -> Usage | None:
     """The usage without charging: the policy read at cost 0 (one store call)."""
     from ratelimits.conf import get_config
+    from ratelimits.pipeline.engines import get_engine
     from ratelimits.pipeline.plan import plan
     from ratelimits.pipeline.resolver import resolver
-    from ratelimits.pipeline.store import get_engine
 
     snap = resolver.snapshot()
     policy = next((p for p in snap.policies if p.scope == ask.scope), None)

@@ -13,7 +13,7 @@ from ratelimits.matching.identity import display_identity
 from ratelimits.models import Policy
 from ratelimits.ops import observe
 from ratelimits.ops.reset import reset_client
-from ratelimits.pipeline import store
+from ratelimits.pipeline import engines
 from ratelimits.pipeline.resolver import compile_policy
 
 
@@ -30,7 +30,7 @@ def handle(command: BaseCommand, *, policy: str, key: str | None = None,
            **_: object) -> None:
     row = policy_named(policy)
     _check_valid(row)
-    if not store.is_shared():
+    if not engines.is_shared():
         raise CommandError(
             "the limits are counted inside each server process (RATELIMITS['CACHE'] is "
             "not a Redis cache), which a management command cannot reach; restart the "

@@ -12,7 +12,7 @@ from ratelimits.management.subcommands.text import count, dumps, table
 from ratelimits.models import Policy
 from ratelimits.ops import observe
 from ratelimits.ops.dashboard import UNKNOWN, percent
-from ratelimits.pipeline import store
+from ratelimits.pipeline import engines
 
 _HEADERS = ("policy", "mode", "algorithm", "rate", "key", "path", "admitted", "rejected",
             "would reject", "refused")
@@ -93,7 +93,7 @@ def _figures(row: dict[str, Any]) -> list[str]:
 
 def _source() -> str:
     """Where the figures come from, and why there are none without a shared store."""
-    if store.is_shared():
+    if engines.is_shared():
         return "Figures: the last 60 minutes, all processes (the store's counters)."
     return (
         "Figures: none to read. Without a Redis cache each server process counts in its "
