@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench screenshots clean
+.PHONY: install test test-fast lint docs demo bench screenshots clean
 
 # The browser test drives Debian's Chromium (never a browser downloaded by a test tool);
 # `CHROMIUM=/path/to/chromium make test` uses another binary.
@@ -13,11 +13,29 @@ $(CHROMIUM):
 	apt-get install -y --no-install-recommends chromium || \
 	  (apt-get update && apt-get install -y --no-install-recommends chromium)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# The demo needs the app, DRF and the Prometheus client: not the test tools.
+DEMO_STAMP := $(VENV)/.demo-installed
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The site in docs/_build/html; any warning (a broken link or reference, a page left out
+# of every table of contents) fails the build.
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build --fail-on-warning --keep-going --quiet -b html docs docs/_build/html
 
 install: $(STAMP)
 
@@ -40,7 +58,7 @@ lint: $(STAMP)
 
 # `make demo PORT=8001` when 8000 is taken.
 PORT ?= 8000
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_policies
 	$(BIN)/python manage.py demo_admin --port $(PORT)
@@ -61,4 +79,4 @@ bench: $(BENCH_STAMP) $(WRK)
 	$(BIN)/python bench/run_all.py --write docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache docs/_build

@@ -19,7 +19,7 @@ INSTALLED_APPS = [
 ]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# The engine runs on this cache's Redis connection (tests/conftest.py chooses the server).
+# The engine runs on this cache's Redis connection (tests/support/fixtures.py chooses the server).
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",

@@ -1,4 +1,4 @@
-"""The compat layers' tests run as the app's own do (tests/conftest.py: a flushed Redis, no
+"""The compat layers' tests run as the app's own do (tests/support/fixtures.py: a flushed Redis, no
 state left over), and the limits each test declares are forgotten after it."""
 
 import pytest

@@ -3,7 +3,7 @@
 Each upstream test keeps its scenario and assertions; only the imports and the settings
 change (the store is our Redis, flushed per test, instead of Django's cache). Where we
 deliberately differ, the test asserts our behaviour and says `DIFFERENCE:` and why;
-docs/migrating-from-django-ratelimit.md lists the same differences.
+docs/migrating/django-ratelimit.md lists the same differences.
 """
 
 from functools import partial

@@ -5,7 +5,7 @@
 Changed: the imports (`SimpleRateThrottle`, `Anon`/`User`/`ScopedRateThrottle` are ours;
 `BaseThrottle`, not a rate throttle, is DRF's), Django's cache is not cleared (the
 fixtures flush Redis before each test), and the few places where we deliberately differ,
-each commented with `DIFFERENCE:` and listed in docs/migrating-from-drf.md.
+each commented with `DIFFERENCE:` and listed in docs/migrating/drf.md.
 """
 
 import pytest

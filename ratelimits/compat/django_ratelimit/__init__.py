@@ -4,7 +4,7 @@ Change `from django_ratelimit.decorators import ratelimit` to
 `from ratelimits.compat.django_ratelimit.decorators import ratelimit` (and likewise for
 `core`, `exceptions` and `middleware`): each limit becomes a policy declared in code,
 exact across processes, one store call, shown in the admin. See
-docs/migrating-from-django-ratelimit.md for what differs, and why.
+docs/migrating/django-ratelimit.md for what differs, and why.
 """
 
 from __future__ import annotations

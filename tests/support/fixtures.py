@@ -1,5 +1,6 @@
-"""Shared fixtures: a real Redis for every test that needs one, never a mock; and for the
-Django app's tests a clean engine, snapshot and Redis database each, and the app's clock."""
+"""Shared fixtures, for the suite in tests/ and the examples of docs/ alike: a real Redis for
+every test that needs one, never a mock; a clean engine, snapshot and Redis database each,
+and the app's clock. The root conftest.py registers this module as a plugin."""
 
 from __future__ import annotations
 
