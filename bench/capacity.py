@@ -91,7 +91,7 @@ def run(quick: bool = False) -> Section:
 def _measure(section: Section, server: Any, rounds: int, requests: int) -> Section:
     import redis
 
-    from ratelimits.engine.contract import batch_library, batch_source
+    from ratelimits.engine.scripts import batch_library, batch_source
 
     client = redis.Redis(host=common.REDIS_HOST, port=server.port)
     function, library = batch_library()

@@ -131,7 +131,7 @@ def run(quick: bool = False) -> Section:
 
     from ratelimits.engine import RedisEngine
     from ratelimits.engine.cluster import ClusterEngine
-    from ratelimits.engine.contract import slot_source
+    from ratelimits.engine.scripts import slot_source
     from tests.redis_cluster import RedisCluster
 
     section = Section("7. Redis Cluster beside one Redis (3 primaries, 3 replicas)")

@@ -38,7 +38,8 @@ def _settle(client) -> int:
 def _ours_write(client, algorithm: str, clients: int, period: float, tag: str) -> None:
     """Pipelined decisions of the batch script, exactly the arguments RedisEngine sends."""
     from ratelimits.engine import Limit
-    from ratelimits.engine.contract import batch_source, encode
+    from ratelimits.engine.contract import encode
+    from ratelimits.engine.scripts import batch_source
 
     script = client.register_script(batch_source())
     warm = Limit("warm", "gcra", 1, 0.001)

@@ -35,11 +35,7 @@ from ratelimits.engine.contract import (
     encode_lease,
     encode_refund,
     encode_renew,
-    lease_source,
-    refund_source,
-    renew_source,
     returned_units,
-    slot_source,
     spare,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -54,6 +50,7 @@ from ratelimits.engine.keynames import (
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.redis_backend import admit
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.scripts import lease_source, refund_source, renew_source, slot_source
 from ratelimits.engine.tally import Tally
 from ratelimits.engine.types import Decision, Limit
 

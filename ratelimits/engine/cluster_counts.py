@@ -16,9 +16,9 @@ from redis.exceptions import RedisClusterException
 
 from ratelimits.engine.cluster_fanout import SlotCall, guard
 from ratelimits.engine.constants import STATS_TTL
-from ratelimits.engine.contract import offend_source
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keynames import guaranteed, stats_key
+from ratelimits.engine.scripts import offend_source
 from ratelimits.engine.tally import Counts
 
 __all__ = ["ClusterCounts", "cluster_offender_errors_key", "cluster_offenders_key"]

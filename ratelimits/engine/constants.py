@@ -1,5 +1,5 @@
 """The figures both backends share. The Lua script gets them generated from here (see
-`contract.lua_constants()`), so Python and Lua can never disagree on one of them."""
+`scripts.lua_constants()`), so Python and Lua can never disagree on one of them."""
 
 from __future__ import annotations
 

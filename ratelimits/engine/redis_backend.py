@@ -17,17 +17,12 @@ from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.contract import (
-    batch_library,
-    batch_source,
     carry,
     decode,
     decode_lease,
     encode,
     encode_lease,
     encode_renew,
-    lease_source,
-    offend_source,
-    renew_source,
     returned_units,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -45,6 +40,13 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.lease import Grant, Leftover
+from ratelimits.engine.scripts import (
+    batch_library,
+    batch_source,
+    lease_source,
+    offend_source,
+    renew_source,
+)
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.transport import Command, Pipelined, Script, perform
 from ratelimits.engine.types import Decision, Limit

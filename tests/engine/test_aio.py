@@ -18,8 +18,8 @@ from redis.retry import Retry
 from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, RedisEngine
 from ratelimits.engine.aio import AsyncRedisEngine
 from ratelimits.engine.breaker import CircuitBreaker
-from ratelimits.engine.contract import batch_library
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.scripts import batch_library
 from tests.engine.conftest import T0
 
 

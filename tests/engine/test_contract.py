@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from ratelimits.engine import Limit, RedisEngine, constants, contract
+from ratelimits.engine import Limit, RedisEngine, constants, contract, scripts
 from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
 from ratelimits.engine.keynames import base_key, cell, client_key
 from tests.engine.conftest import T0
 
 
 def test_the_script_carries_the_python_constants_once():
-    source = contract.batch_source()
+    source = scripts.batch_source()
     assert LUA_CONSTANTS["STATS_TTL"] == constants.STATS_TTL == 25 * 3600
     assert LUA_CONSTANTS["OFFENDERS"] == constants.OFFENDERS_CAP
     for name, value in LUA_CONSTANTS.items():
@@ -26,9 +26,9 @@ def test_the_script_carries_the_python_constants_once():
 def test_the_script_obeys_a_changed_constant(redis_client, monkeypatch):
     """The offenders cap reaches Redis from Python: shrink it and the list shrinks."""
     monkeypatch.setitem(contract.LUA_CONSTANTS, "OFFENDERS", 3)
-    contract.batch_source.cache_clear()
-    contract.batch_library.cache_clear()
-    contract.offend_source.cache_clear()  # the offenders' script, sent with the counts
+    scripts.batch_source.cache_clear()
+    scripts.batch_library.cache_clear()
+    scripts.offend_source.cache_clear()  # the offenders' script, sent with the counts
     try:
         engine = RedisEngine(redis_client)
         for i in range(6):
@@ -37,9 +37,9 @@ def test_the_script_obeys_a_changed_constant(redis_client, monkeypatch):
             engine.evaluate([limit], now=T0)
         assert len(engine.offenders("p", int(T0 // 3600), n=50)) == 3
     finally:
-        contract.batch_source.cache_clear()
-        contract.batch_library.cache_clear()
-        contract.offend_source.cache_clear()
+        scripts.batch_source.cache_clear()
+        scripts.batch_library.cache_clear()
+        scripts.offend_source.cache_clear()
 
 
 def test_encode_puts_each_value_where_its_name_says():

@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from ratelimits.engine import Limit, RedisEngine
-from ratelimits.engine.contract import batch_library
 from ratelimits.engine.keynames import stats_key
 from ratelimits.engine.local_first import HOLD
+from ratelimits.engine.scripts import batch_library
 from tests.redis_server import Monitor
 from tests.settings import RATELIMITS
 from tests.support.workers import Site

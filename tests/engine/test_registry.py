@@ -8,10 +8,10 @@ from importlib import resources
 
 import pytest
 
-from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine, contract
-from ratelimits.engine.contract import batch_source
+from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine, RedisEngine, scripts
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.registry import LEARNED_ALGORITHMS, REGISTRY
+from ratelimits.engine.scripts import batch_source
 from tests.engine.conftest import T0
 
 
@@ -78,8 +78,8 @@ def test_a_new_entry_is_all_an_algorithm_needs(redis_client, monkeypatch):
     engines validate, key, dispatch and decide it (the script is rebuilt from the
     registry), exactly as they do gcra."""
     monkeypatch.setitem(REGISTRY, "twin", replace(REGISTRY["gcra"], name="twin", code="tw"))
-    contract.batch_source.cache_clear()
-    contract.batch_library.cache_clear()
+    scripts.batch_source.cache_clear()
+    scripts.batch_library.cache_clear()
     try:
         engines = [RedisEngine(redis_client), MemoryEngine()]
         twin, gcra = Limit("c", "twin", 3, 60, burst=2), Limit("c", "gcra", 3, 60, burst=2)
@@ -92,5 +92,5 @@ def test_a_new_entry_is_all_an_algorithm_needs(redis_client, monkeypatch):
                 (d.allowed, d.retry_after) for d in want
             ]
     finally:
-        contract.batch_source.cache_clear()
-        contract.batch_library.cache_clear()
+        scripts.batch_source.cache_clear()
+        scripts.batch_library.cache_clear()

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ratelimits.engine.contract import lease_source
+from ratelimits.engine.scripts import lease_source
 from ratelimits.pipeline.engines import get_engine
 from tests.redis_server import Monitor, sha
 

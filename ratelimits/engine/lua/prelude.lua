@@ -2,7 +2,7 @@
 -- a double, exactly as the Python backend computes it, so both reach the same decisions.
 --
 -- Each algorithm file holds two bodies, after the markers --[[check]] and --[[commit]].
--- The loader (contract.batch_source) places them as branches of the check() and
+-- The loader (scripts.batch_source) places them as branches of the check() and
 -- commit() dispatchers, so a call builds two closures rather than one per algorithm.
 -- check(key, now, L, P, B, c, mw) returns {allowed, remaining, reset_after, retry_after,
 -- delay, state...} and never writes (pruning expired entries aside); commit(..., r,
