@@ -37,8 +37,8 @@ from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow, arun_flow
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.redis_backend import RedisEngine, admit, failed
-from ratelimits.engine.transport import aperform
+from ratelimits.engine.redis_backend import RedisEngine
+from ratelimits.engine.transport import admit, aperform, failed
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["AsyncClusterEngine", "AsyncNodes", "AsyncRedisEngine"]

@@ -48,10 +48,10 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.redis_backend import admit
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.scripts import lease_source, refund_source, renew_source, slot_source
 from ratelimits.engine.tally import Tally
+from ratelimits.engine.transport import admit
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["ClusterEngine"]

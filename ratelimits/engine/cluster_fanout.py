@@ -36,8 +36,8 @@ from redis.exceptions import (
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow
 from ratelimits.engine.keynames import base_key, period_us, to_us
-from ratelimits.engine.redis_backend import UNAVAILABLE_ERRORS
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.transport import UNAVAILABLE_ERRORS
 from ratelimits.engine.types import Limit
 
 __all__ = [

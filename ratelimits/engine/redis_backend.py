@@ -48,18 +48,17 @@ from ratelimits.engine.scripts import (
     renew_source,
 )
 from ratelimits.engine.tally import Counts, Tally
-from ratelimits.engine.transport import Command, Pipelined, Script, perform
+from ratelimits.engine.transport import (
+    UNAVAILABLE_ERRORS,
+    Command,
+    Pipelined,
+    Script,
+    guarded,
+    perform,
+)
 from ratelimits.engine.types import Decision, Limit
 
-__all__ = ["UNAVAILABLE_ERRORS", "RedisEngine", "batch_source"]
-
-#: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
-UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.ReadOnlyError,
-    redis.BusyLoadingError,
-)
+__all__ = ["RedisEngine"]
 
 T = TypeVar("T")
 
@@ -68,35 +67,6 @@ T = TypeVar("T")
 def lease_script() -> Script:
     """The lease script (see `lease`), run by EVALSHA."""
     return Script(lease_source())
-
-
-def admit(breaker: CircuitBreaker | None) -> None:
-    """Raise EngineUnavailable at once while `breaker` is open: no socket is touched."""
-    if breaker is not None and not breaker.allow():
-        raise EngineUnavailable("circuit open after repeated store failures")
-
-
-def guarded(breaker: CircuitBreaker | None, flow: Flow[T]) -> Flow[T]:
-    """`flow` behind `breaker`: it fails fast while the breaker is open; its redis errors
-    become engine errors, and tell the breaker, as its success does."""
-    admit(breaker)
-    try:
-        reply = yield from flow
-    except redis.RedisError as exc:
-        raise failed(exc, breaker) from exc
-    if breaker is not None:
-        breaker.success()
-    return reply
-
-
-def failed(exc: redis.RedisError, breaker: CircuitBreaker | None) -> EngineError:
-    """The engine error a failed store call raises (the breaker told): EngineUnavailable
-    when the store is out of reach, EngineError for an error of the call itself."""
-    if breaker is not None:
-        breaker.failure()
-    if isinstance(exc, UNAVAILABLE_ERRORS):
-        return EngineUnavailable(str(exc) or type(exc).__name__)
-    return EngineError(str(exc))
 
 
 class RedisEngine(Acquiring):

@@ -5,21 +5,46 @@ error raised) or a `Pipelined` (several commands in one round trip; their replie
 error of one command as its value). `perform` sends them on a blocking `redis.Redis`,
 `aperform` on a `redis.asyncio.Redis`: the same commands, the same replies, so what a
 call means (its script loading, its recovery) is written once, in the flow.
+
+`guarded` puts a flow behind the circuit breaker and turns redis-py's errors into the
+engine's: `EngineUnavailable` when the store is out of reach, `EngineError` otherwise.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
+from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow
 
-__all__ = ["Command", "Pipelined", "Script", "aperform", "perform"]
+__all__ = [
+    "UNAVAILABLE_ERRORS",
+    "Command",
+    "Pipelined",
+    "Script",
+    "admit",
+    "aperform",
+    "failed",
+    "guarded",
+    "perform",
+]
+
+#: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.ReadOnlyError,
+    redis.BusyLoadingError,
+)
+
+T = TypeVar("T")
 
 
 class Command:
@@ -86,3 +111,32 @@ class Script:
             pass
         yield Command("SCRIPT LOAD", self.source)
         return (yield Command(*self.command(keys, args)))
+
+
+def admit(breaker: CircuitBreaker | None) -> None:
+    """Raise EngineUnavailable at once while `breaker` is open: no socket is touched."""
+    if breaker is not None and not breaker.allow():
+        raise EngineUnavailable("circuit open after repeated store failures")
+
+
+def guarded(breaker: CircuitBreaker | None, flow: Flow[T]) -> Flow[T]:
+    """`flow` behind `breaker`: it fails fast while the breaker is open; its redis errors
+    become engine errors, and tell the breaker, as its success does."""
+    admit(breaker)
+    try:
+        reply = yield from flow
+    except redis.RedisError as exc:
+        raise failed(exc, breaker) from exc
+    if breaker is not None:
+        breaker.success()
+    return reply
+
+
+def failed(exc: redis.RedisError, breaker: CircuitBreaker | None) -> EngineError:
+    """The engine error a failed store call raises (the breaker told): EngineUnavailable
+    when the store is out of reach, EngineError for an error of the call itself."""
+    if breaker is not None:
+        breaker.failure()
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return EngineUnavailable(str(exc) or type(exc).__name__)
+    return EngineError(str(exc))

@@ -22,10 +22,10 @@ from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.cluster_fanout import REFRESH_EVERY
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.registry import ALGORITHMS
-from tests.support.fixtures import own_cluster
 from tests.engine.conftest import T0
 from tests.engine.test_cluster_engine import three_on_three
 from tests.redis_cluster import RedisCluster
+from tests.support.fixtures import own_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import re
 import pytest
 import redis
 
-from ratelimits.engine.redis_backend import batch_source
+from ratelimits.engine.scripts import batch_source
 
 
 def commands(client: redis.Redis) -> dict[str, int]:

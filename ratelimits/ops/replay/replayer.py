@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote
 
-from ratelimits.engine.memory import MemoryEngine, Prepared
+from ratelimits.engine.charging import Prepared
+from ratelimits.engine.memory import MemoryEngine
 from ratelimits.matching.identity import bounded, client_ip
 from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.matching.paths import normalize_path
