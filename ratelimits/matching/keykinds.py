@@ -8,15 +8,17 @@ choices and traffic replay all derive from the table. Nothing here imports Djang
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl
+from urllib.parse import unquote_plus
 
 from ratelimits.matching.identity import (
     DEFAULT_PROXY_HEADER,
+    IdentityError,
     Network,
     bounded,
     call_function,
@@ -225,8 +227,27 @@ def _read_header(request: Any, arg: str, proxies: Proxies) -> str | None:
 
 
 def _read_query(request: Any, arg: str, proxies: Proxies) -> str | None:
-    query = getattr(_http(request), "GET", None)
-    return _text(query.get(arg) if query is not None else None)
+    # Read from the raw query string, as `request.GET.get(arg)` would (the last value),
+    # but without Django's field parsing: past DATA_UPLOAD_MAX_NUMBER_FIELDS it raises,
+    # and a client must not be able to turn a policy off with `?a&a&a...`.
+    return _text(query_value(_meta(request).get("QUERY_STRING", ""), arg))
+
+
+def query_value(query: str, name: str) -> str | None:
+    """The last value of the parameter `name` in a query string, or None. Django keeps
+    the WSGI query string as latin-1 text (PEP 3333); its bytes are read as UTF-8."""
+    if not query:
+        return None
+    with contextlib.suppress(UnicodeEncodeError):  # ASGI: already decoded text
+        query = query.encode("latin-1").decode("utf-8", "replace")
+    value = None
+    for field in query.split("&"):
+        if not field:
+            continue
+        key, _, raw = field.partition("=")
+        if unquote_plus(key) == name:
+            value = unquote_plus(raw)
+    return value
 
 
 def _read_post(request: Any, arg: str, proxies: Proxies) -> str | None:
@@ -284,10 +305,7 @@ def _dotted_path(arg: str) -> str | None:
 
 def _query_from_log(line: Logged, name: str) -> str | None:
     """What `request.GET.get(name)` gives (the last value), as a `query:` identity."""
-    value = None
-    for k, v in parse_qsl(line.query or "", keep_blank_values=True):
-        if k == name:
-            value = v
+    value = query_value(line.query or "", name)
     value = value.strip() if value else None
     return bounded("query", value) if value else None
 
@@ -405,8 +423,16 @@ class KeySpec:
     ) -> str | None:
         """The client identity for this key, or None when the policy does not apply."""
         entry = KEY_KINDS[self.kind]
-        value = entry.read(request, self.arg, Proxies(trusted_proxies, ipv6_prefix,
-                                                      proxy_header))
+        try:
+            value = entry.read(request, self.arg, Proxies(trusted_proxies, ipv6_prefix,
+                                                          proxy_header))
+        except IdentityError:
+            raise
+        except Exception as exc:
+            # One policy's unreadable key is that policy's failure (its on_error decides),
+            # never an error that un-decides the request's other policies.
+            raise IdentityError(f"reading the key {self.kind} raised "
+                                f"{type(exc).__name__}: {exc}") from exc
         if value is None or not entry.hashed:
             return value
         return bounded(entry.name, value)

@@ -79,3 +79,17 @@ def test_the_admin_form_lists_the_kinds_declared_now(db, cookie_kind):
         "post:<field>, call:<dotted.path> or cookie:<name>."
     )
     assert "cookie" not in Policy._meta.get_field("key").help_text  # no migration needed
+
+
+@pytest.mark.parametrize("query", [
+    "a=1&b=2&a=3", "api%5Fkey=x+y&a=", "q=caf%C3%A9", "q=caf\xc3\xa9", "a", "a=1;a=2",
+    "=&a=%", "a=%zz&a=%E2%82", "&&a=1&&",
+])
+def test_the_query_key_reads_what_request_get_reads(query):
+    from django.http import QueryDict
+
+    from ratelimits.matching.keykinds import query_value
+
+    for name in ("a", "b", "api_key", "q", ""):
+        expected = QueryDict(query.encode("latin-1")).get(name)
+        assert query_value(query, name) == expected, (query, name)
