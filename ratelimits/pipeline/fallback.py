@@ -34,12 +34,13 @@ def fallback(
 ) -> Verdict:
     """`deny` refuses with a 503, `local` decides in process, `allow` admits.
 
-    Shadow policies never refuse, whatever their `on_error`. `engine` is the store's
+    Shadow policies never refuse, whatever their `on_error`, nor do enforced ones for the
+    clients outside their rollout. `engine` is the store's
     engine that failed (None when it could not be built): it knows how many processes
     were live at its last contact.
     """
     log_unavailable(exc, config)
-    if any(p.policy.on_error == "deny" and not p.policy.shadow for p in planned) or any(
+    if any(p.policy.on_error == "deny" and not p.limit.shadow for p in planned) or any(
         p.on_error == "deny" and not p.shadow for p in failed
     ):
         outcomes = tuple(PolicyOutcome(p.policy, p.identity) for p in planned)

@@ -19,7 +19,7 @@ from ratelimits.pipeline.verdict import PolicyOutcome
 
 def closest(outcomes: Iterable[PolicyOutcome]) -> PolicyOutcome | None:
     """The enforced outcome a client should watch: a rejection, else the fewest remaining."""
-    enforced = [(o, o.result) for o in outcomes if o.result is not None and not o.policy.shadow]
+    enforced = [(o, o.result) for o in outcomes if o.result is not None and not o.shadow]
     if not enforced:
         return None
     rejected = [(o, r) for o, r in enforced if not r.allowed]

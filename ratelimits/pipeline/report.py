@@ -91,7 +91,7 @@ def report(request: Any, outcome: Any, sender: type) -> None:
         "path": path,
     }
     extra = {f"ratelimits_{k}": v for k, v in kwargs.items() if k != "request"}
-    if policy.shadow:
+    if outcome.shadow:
         level, what, signal = logging.WARNING, "shadow policy %s would reject", (
             signals.request_would_be_limited
         )

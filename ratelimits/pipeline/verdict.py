@@ -29,6 +29,12 @@ class PolicyOutcome:
     identity: str
     result: Result | None = None
 
+    @property
+    def shadow(self) -> bool:
+        """Whether this client was only watched: the policy is in shadow, or enforced but
+        this client is outside its rollout (the limit it was decided by says which)."""
+        return self.result.limit.shadow if self.result is not None else self.policy.shadow
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:

@@ -1,4 +1,5 @@
-"""README promises about the store, held by tests on a real redis-server of their own.
+"""Promises docs/reliability.md makes about the store, held by tests on a real
+redis-server of their own.
 
 - A shadow policy never refuses during a store outage, whatever its `on_error`.
 - The limiter's own pool keeps the cache's database, credentials and TLS settings: its
@@ -150,8 +151,18 @@ def certificates(tmp_path_factory) -> Path:
     """A throw-away CA, and a server and a client certificate it signed, for 127.0.0.1."""
     d = tmp_path_factory.mktemp("tls")
     new_key = "-newkey rsa:2048 -nodes -days 2"
-    _openssl(f"req -x509 {new_key} -keyout ca.key -out ca.crt", "-subj", "/CN=test-ca", cwd=d)
-    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    # The extensions Python 3.13's strict verification (VERIFY_X509_STRICT) asks for.
+    _openssl(f"req -x509 {new_key} -keyout ca.key -out ca.crt", "-subj", "/CN=test-ca",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    (d / "san.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "basicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
+    )
     for name in ("server", "client"):
         request = f"req {new_key} -keyout {name}.key -out {name}.csr"
         _openssl(request, "-subj", "/CN=127.0.0.1", cwd=d)

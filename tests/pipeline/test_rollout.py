@@ -90,6 +90,42 @@ def test_requests_of_clients_outside_the_rollout_pass_and_count_as_would_reject(
         admitted=4, rejected=2, would_reject=2)
 
 
+def test_a_client_outside_the_rollout_is_watched_as_in_shadow(client, make_policy, caplog):
+    # its log line and signal are a shadow policy's, and it gets no rate-limit headers
+    from ratelimits import signals
+
+    make_policy(name="half", limit=1, path="/hello/", rollout=50)
+    _, outside = _ips(50)
+    sent = []
+
+    def record(signal, **kwargs):
+        sent.append(signal)
+
+    signals.request_limited.connect(record)
+    signals.request_would_be_limited.connect(record)
+    try:
+        with caplog.at_level("INFO", logger="ratelimits"):
+            responses = [client.get("/hello/", REMOTE_ADDR=outside) for _ in range(2)]
+    finally:
+        signals.request_limited.disconnect(record)
+        signals.request_would_be_limited.disconnect(record)
+    assert [r.status_code for r in responses] == [200, 200]
+    assert sent == [signals.request_would_be_limited]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "shadow policy half would reject" in caplog.records[0].getMessage()
+    assert all("RateLimit" not in r for r in responses)
+
+
+def test_during_an_outage_deny_refuses_only_the_clients_in_the_rollout(
+    client, make_policy, settings
+):
+    settings.RATELIMITS = {**settings.RATELIMITS, "REDIS_URL": "redis://127.0.0.1:9/0"}
+    make_policy(name="half", limit=5, path="/hello/", rollout=50, on_error="deny")
+    inside, outside = _ips(50)
+    assert client.get("/hello/", REMOTE_ADDR=inside).status_code == 503
+    assert client.get("/hello/", REMOTE_ADDR=outside).status_code == 200
+
+
 def test_the_list_shows_the_rollout_and_the_action_raises_it_in_steps(
     admin_client, make_policy, django_capture_on_commit_callbacks
 ):
