@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint docs demo bench screenshots clean
+.PHONY: install test test-newest test-matrix test-fast lint docs demo bench screenshots clean
 
 # The browser test drives Debian's Chromium (never a browser downloaded by a test tool);
 # `CHROMIUM=/path/to/chromium make test` uses another binary.
@@ -41,6 +41,14 @@ install: $(STAMP)
 
 test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
+
+# The newest pair we support, in its own environment under .nox/ (noxfile.py): Python 3.13
+# (pyenv's, or python3.13 on PATH) with Django 6.1. `make test-matrix` runs every pair.
+test-newest: $(STAMP) $(CHROMIUM)
+	$(BIN)/nox -s "tests(py3.13-django6.1)"
+
+test-matrix: $(STAMP) $(CHROMIUM)
+	$(BIN)/nox
 
 # The edit loop: no cluster, no server processes, no browser (the tests marked `slow`).
 test-fast: $(STAMP)
@@ -79,4 +87,4 @@ bench: $(BENCH_STAMP) $(WRK)
 	$(BIN)/python bench/run_all.py --write docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache docs/_build
+	rm -rf $(VENV) .nox build dist *.egg-info .pytest_cache docs/_build

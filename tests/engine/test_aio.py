@@ -174,10 +174,10 @@ def test_a_dead_server_fails_fast_and_the_breaker_opens(private_redis, loop, fau
             with pytest.raises(EngineUnavailable):
                 loop.run_until_complete(aio.evaluate([limit]))
             assert time.monotonic() - started < 0.5  # the socket timeout, not seconds
-        started = time.monotonic()
+        # "circuit open" is raised before any I/O (transport.admit): no socket touched, and
+        # no timing to measure on a busy machine
         with pytest.raises(EngineUnavailable, match="circuit open"):
             loop.run_until_complete(aio.evaluate([limit]))
-        assert time.monotonic() - started < 0.01  # no socket touched
     finally:
         if fault == "paused":
             private_redis.proc.send_signal(signal.SIGCONT)
