@@ -7,21 +7,24 @@ sparkline. What each page shows is built in `ratelimits.ops.dashboard`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.forms.models import BaseInlineFormSet
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html_join
-from django.utils.safestring import mark_safe
+from django.utils.html import escape, format_html
 
 from ratelimits.checks import LOCKOUT_HINT, admin_index, lockout_message, locks_out_admin
+from ratelimits.engine.registry import BURST_ALGORITHMS, LEARNED_ALGORITHMS, REGISTRY
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
-from ratelimits.ops import dashboard, observe
+from ratelimits.ops import dashboard, observe, routes
 from ratelimits.ops.reset import reset_client
 from ratelimits.pipeline.declared import CODE_FIELDS
 from ratelimits.receivers import schedule_policies_changed
@@ -48,12 +51,52 @@ else:
     _ModelAdmin = admin.ModelAdmin
 
 
+#: The overrides inline's widgets: short inputs, and the browser's own date-and-time
+#: picker in one input instead of the admin's two (date, time) with their shortcuts.
+_INLINE_WIDGETS: dict[str, Callable[[], forms.Widget]] = {
+    "match": lambda: forms.TextInput(attrs={"size": 22, "placeholder": "ip:203.0.113.7"}),
+    "note": lambda: forms.TextInput(attrs={"size": 22}),
+    "limit": lambda: forms.NumberInput(attrs={"min": 1, "style": "width: 6em"}),
+    "burst": lambda: forms.NumberInput(attrs={"min": 1, "style": "width: 6em"}),
+    "expires": lambda: forms.DateTimeInput(attrs={"type": "datetime-local"},
+                                           format="%Y-%m-%dT%H:%M"),
+}
+
+
+class OverrideFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
+    """A policy's overrides, refused as a whole on an algorithm that takes none."""
+
+    def clean(self) -> None:
+        super().clean()
+        algorithm = self.instance.algorithm  # the policy as its form just set it
+        kept = [f for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")]
+        if algorithm in LEARNED_ALGORITHMS and kept:
+            raise ValidationError(
+                f"{REGISTRY[algorithm].label.capitalize()} learns one limit per process from "
+                "all the requests the policy matches, so it takes no overrides: delete them "
+                "(tick Delete?), or choose another algorithm.")
+
+
 class OverrideInline(admin.TabularInline):  # type: ignore[type-arg]
-    """A policy's overrides, edited on its page."""
+    """A policy's overrides, edited on its page: narrow enough for a laptop's admin, with
+    the navigation open (no burst column where the algorithm has none)."""
 
     model = Override
+    formset = OverrideFormSet
     extra = 0
     fields = ("match", "exempt", "limit", "burst", "expires", "note")
+
+    def get_fields(self, request: Any, obj: Any = None) -> Any:
+        if obj is not None and obj.algorithm not in BURST_ALGORITHMS:
+            return tuple(f for f in self.fields if f != "burst")
+        return self.fields
+
+    def formfield_for_dbfield(self, db_field: Any, request: Any, **kwargs: Any) -> Any:
+        if db_field.name in _INLINE_WIDGETS:
+            kwargs["widget"] = _INLINE_WIDGETS[db_field.name]()
+        if db_field.name == "expires":  # one input, not the admin's split date and time
+            kwargs["form_class"] = forms.DateTimeField
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
 
 @admin.register(Policy)
@@ -76,13 +119,26 @@ class PolicyAdmin(_ModelAdmin):
         ("History", {"fields": ("created", "updated"), "classes": ("collapse",)}),
     )
 
+    def get_inlines(self, request: Any, obj: Policy | None) -> Any:
+        # an adaptive policy takes no overrides: no inline, unless some are left from
+        # before its algorithm changed (shown, to be deleted: see OverrideFormSet)
+        if obj is not None and obj.algorithm in LEARNED_ALGORITHMS and not obj.overrides.exists():
+            return ()
+        return self.inlines
+
     def get_fieldsets(self, request: Any, obj: Policy | None = None) -> Any:
         if obj is None or not obj.declared:
             return self.fieldsets
+        found = _declared_routes(request).get(obj.scope)
+        where = ""
+        if found:
+            paths, _, dotted = routes.describe(found)
+            # a fieldset's description is shown as HTML: a route may hold "<int:pk>"
+            where = escape(f" It is declared on {dotted}, at {paths}.")
         note = ("Declared in code", {"fields": (), "description": (
-            "Declared in code with @ratelimit: the code sets its rate, key, methods and "
-            "views, so those are shown here read-only (change them in the code). Mode, "
-            "rollout, priority, what happens when the store is unreachable and the "
+            f"Declared in code with @ratelimit: the code sets its rate, key, methods and "
+            f"views, so those are shown here read-only (change them in the code).{where} "
+            "Mode, rollout, priority, what happens when the store is unreachable and the "
             "overrides are yours.")})
         return (note, *self.fieldsets)
 
@@ -114,19 +170,18 @@ class PolicyAdmin(_ModelAdmin):
         shown = list(changelist.result_list)  # evaluates the page's queryset once
         names = [p.name for p in shown]
         totals = dashboard.read_figures("the last hour", observe.last_hour, names) or {}
+        # one walk of the URLconf for the page, when a declared policy is on it
+        found = _declared_routes(request) if any(p.declared for p in shown) else {}
         for policy in shown:
             policy._hour = totals.get(policy.name)
+            policy._routes = found.get(policy.scope, [])
         return changelist
 
     @admin.display(description="last hour")
     def last_hour(self, obj: Policy) -> str:
-        """Admitted, rejected and would-be rejected (each shown when its mode can make
-        it or the hour has some), and the refused share: one line each."""
-        counts = getattr(obj, "_hour", None)
-        if counts is None:
-            return dashboard.UNKNOWN
-        return format_html_join(mark_safe("<br>"), '<span class="{}">{}</span> {}',
-                                dashboard.hour_lines(obj, counts))
+        """Admitted, then rejected or would-be rejected and the refused share: two short
+        lines, each figure's full form in its title."""
+        return dashboard.hour_cell(obj, getattr(obj, "_hour", None))
 
     # -- a policy's page: charts, offenders, reset one client --------------------------
 
@@ -224,9 +279,10 @@ class PolicyAdmin(_ModelAdmin):
 
     @admin.display(description="counts, on requests", ordering="key")
     def matches(self, obj: Policy) -> str:
-        """Key, methods, path and DRF scope: "ip, on POST /api/login/ (scope uploads)"."""
+        """Key, methods, path and DRF scope: "ip, on POST /api/login/ (scope uploads)";
+        for a limit declared in code, the views it is declared on."""
         if obj.declared:
-            return f"{obj.key}, on {obj.methods or 'any'} views with @ratelimit"
+            return _declared_on(obj, getattr(obj, "_routes", None))
         text = f"{obj.key}, on {obj.methods or 'any'} {obj.path or '*'}"
         return f"{text} (scope {obj.scope})" if obj.scope else text
 
@@ -277,6 +333,23 @@ class PolicyAdmin(_ModelAdmin):
     @admin.action(description="Turn off", permissions=["change"])
     def turn_off(self, request: Any, queryset: Any) -> None:
         self._switch(request, queryset, Mode.OFF)
+
+
+def _declared_routes(request: Any) -> dict[str, list[routes.Route]]:
+    return routes.declared_routes(getattr(request, "urlconf", None))
+
+
+def _declared_on(policy: Policy, found: list[routes.Route] | None) -> str:
+    """"ip, on POST /login/ (view login)": a declared policy's key, methods and the
+    views its @ratelimit is on (their dotted names as the title); without a URL that
+    reaches one (a DRF compat throttle's, a view not routed), the declaration's name."""
+    head = f"{policy.key}, on {policy.methods or 'any'}"
+    if not found:
+        return f'{head} views declaring "{policy.name}" in code'
+    paths, names, dotted = routes.describe(found)
+    word = "view" if "," not in names else "views"
+    return format_html('{} {} <span title="@ratelimit on {}">({} {})</span>', head, paths,
+                       dotted, word, names)
 
 
 def _change_url(policy: Policy) -> str:

@@ -199,8 +199,8 @@ class Policy(models.Model):
     key = KeyField(
         max_length=255,
         default="ip",
-        help_text="Who is counted, e.g. ip, user or header:X-Api-Key; the README's "
-        "\"Keys\" lists every kind.",
+        help_text="Who is counted, e.g. ip, user or header:X-Api-Key; the docs' Policies "
+        "page (Keys) lists every kind.",
     )
     path = models.CharField(
         max_length=255,

@@ -1,9 +1,10 @@
-"""Signal receivers: policy, override and group-member changes reach every process;
-throttle-held slots get freed."""
+"""Signal receivers: policy, override and group-member changes reach every process; a
+deleted policy's figures go with it; throttle-held slots get freed."""
 
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 from typing import Any
 
@@ -15,6 +16,7 @@ from django.dispatch import receiver
 from django.urls import get_resolver
 
 from ratelimits.models import Override, Policy
+from ratelimits.ops.reset import forget_figures
 from ratelimits.pipeline.declared import registry
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.evaluation import release
@@ -52,6 +54,23 @@ def schedule_policies_changed(using: str | None = None) -> None:
 @receiver(post_delete, sender=Override, dispatch_uid="ratelimits.override_deleted")
 def _policy_changed(sender: Any, using: str | None = None, **kwargs: Any) -> None:
     schedule_policies_changed(using)
+
+
+@receiver(post_delete, sender=Policy, dispatch_uid="ratelimits.policy_figures_deleted")
+def _policy_deleted(sender: Any, instance: Policy, using: str | None = None,
+                    **kwargs: Any) -> None:
+    """The figures (counters, offenders) live under the policy's name: forget them once
+    the delete commits (after the snapshot stopped counting under it), or a policy
+    created later under that name would show the old one's."""
+    transaction.on_commit(functools.partial(_forget_figures, instance.name), using=using)
+
+
+def _forget_figures(name: str) -> None:
+    try:
+        forget_figures(name)
+    except Exception as exc:  # the delete is done: a store outage must not undo the page
+        logger.warning("ratelimits: could not delete the figures of deleted policy %r (%s); "
+                       "they expire within 25 hours", name, exc)
 
 
 @receiver(m2m_changed, dispatch_uid="ratelimits.group_members_changed")

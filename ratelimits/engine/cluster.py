@@ -6,13 +6,14 @@ calls of one node in one pipeline, the nodes concurrently: `cluster_fanout`), an
 all-or-nothing charging across slots with a compensating refund (`lua/refund.lua`) to
 the slots that charged when another slot refused. The per-minute counters and the
 offenders are tallied in process and flushed at most every second, because a slot's
-script may not touch keys of other slots. See the README's "Redis Cluster" section for
+script may not touch keys of other slots. See "Redis Cluster" in docs/scale-out.md for
 what a concurrent observer can see between a charge and its refund.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ import redis.cluster
 
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker, reporting
-from ratelimits.engine.cluster_counts import ClusterCounts
+from ratelimits.engine.cluster_counts import ClusterCounts, cluster_offender_keys
 from ratelimits.engine.cluster_fanout import SlotCall, SlotFanout, guard, window_keys
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import (
@@ -43,6 +44,7 @@ from ratelimits.engine.flows import Flow, run_flow
 from ratelimits.engine.heartbeat import Heartbeat, live_source
 from ratelimits.engine.keynames import (
     base_key,
+    figure_keys,
     new_token,
     stored_state,
     to_us,
@@ -329,6 +331,20 @@ class ClusterEngine(Acquiring):
         """`offenders()` of many (name, hour) pairs in one pipelined fan-out."""
         self.flush()
         return self.counts.offenders_many(wanted, n)
+
+    def forget_figures(self, name: str, now: float | None = None) -> None:
+        """Forget every figure of policy `name` (its per-minute counters, its offenders),
+        as when the policy is deleted: a policy created again under its name starts from
+        zero. This process's tally is sent first; each key is deleted alone, so that the
+        cluster routes it to its slot.
+        """
+        self.flush()
+        keys = figure_keys(self.prefix, name, time.time() if now is None else now,
+                           cluster_offender_keys)
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.delete(key)
+        guard(pipe.execute)
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""

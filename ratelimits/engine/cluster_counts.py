@@ -21,7 +21,12 @@ from ratelimits.engine.keynames import guaranteed, stats_key
 from ratelimits.engine.scripts import offend_source
 from ratelimits.engine.tally import Counts
 
-__all__ = ["ClusterCounts", "cluster_offender_errors_key", "cluster_offenders_key"]
+__all__ = [
+    "ClusterCounts",
+    "cluster_offender_errors_key",
+    "cluster_offender_keys",
+    "cluster_offenders_key",
+]
 
 
 def cluster_offenders_key(prefix: str, name: str, hour: int) -> str:
@@ -32,6 +37,12 @@ def cluster_offenders_key(prefix: str, name: str, hour: int) -> str:
 
 def cluster_offender_errors_key(prefix: str, name: str, hour: int) -> str:
     return f"{cluster_offenders_key(prefix, name, hour)}:e"
+
+
+def cluster_offender_keys(prefix: str, name: str, hour: int) -> tuple[str, str]:
+    """The offenders of one policy in one hour, and their errors, on a cluster."""
+    return (cluster_offenders_key(prefix, name, hour),
+            cluster_offender_errors_key(prefix, name, hour))
 
 
 class ClusterCounts:

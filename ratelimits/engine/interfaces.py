@@ -92,6 +92,9 @@ class Engine(Holder, Protocol):
     ) -> list[list[tuple[str, int]]]:
         """`offenders()` of many (name, hour) pairs."""
 
+    def forget_figures(self, name: str, now: float | None = None) -> None:
+        """Forget every figure of policy `name`: its counters and offenders."""
+
     @property
     def live_instances(self) -> int | None:
         """Processes sharing the limits at the last heartbeat (None: none learnt)."""

@@ -139,6 +139,24 @@ def offender_errors_key(prefix: str, name: str, hour: int) -> str:
     return f"{offenders_key(prefix, name, hour)}:e"
 
 
+def offender_keys(prefix: str, name: str, hour: int) -> tuple[str, str]:
+    """The offenders of one policy in one hour, and their errors, on one server."""
+    return offenders_key(prefix, name, hour), offender_errors_key(prefix, name, hour)
+
+
+def figure_keys(prefix: str, name: str, now: float,
+                offenders: Callable[[str, str, int], tuple[str, ...]] = offender_keys
+                ) -> list[str]:
+    """Every key that may still hold a figure of policy `name` at `now` (seconds): its
+    per-minute counters and its offenders for as long as each is kept, named rather than
+    scanned for. `offenders` names a layout's offender keys of one hour."""
+    minute, hour = int(now // 60), int(now // 3600)
+    keys = [stats_key(prefix, name, m) for m in range(minute - STATS_TTL // 60 - 1, minute + 2)]
+    for h in range(hour - OFFENDERS_TTL // 3600 - 1, hour + 2):
+        keys += offenders(prefix, name, h)
+    return keys
+
+
 def guaranteed(counts: dict[str, int], errors: dict[str, int], n: int) -> list[tuple[str, int]]:
     """The `n` offenders with the highest guaranteed counts (count minus error), highest
     first, ties by the greatest identity (as ZREVRANGE orders them)."""

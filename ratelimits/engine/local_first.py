@@ -232,6 +232,10 @@ class LocalFirst(Acquiring):
         self.leases.forget(limit)  # charged to the window the reset forgets
         self.store.reset(limit, now)
 
+    def forget_figures(self, name: str, now: float | None = None) -> None:
+        """Forget every figure of policy `name`, in the store."""
+        self.store.forget_figures(name, now)
+
     def close(self) -> None:
         """Give the unspent leased units back, then close the store engine."""
         with contextlib.suppress(EngineError):  # they are then lost for their window only

@@ -34,6 +34,7 @@ from ratelimits.engine.contract import assemble, result_values
 from ratelimits.engine.expiring import ExpiringStore
 from ratelimits.engine.keynames import (
     client_key,
+    figure_keys,
     guaranteed,
     offenders_key,
     period_us,
@@ -285,6 +286,15 @@ class MemoryEngine(Acquiring):
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit (current and previous windows)."""
         keys = state_keys(self.prefix, limit, lambda: to_us(time.time() if now is None else now))
+        with self._lock:
+            for key in keys:
+                self._store.delete(key)
+
+    def forget_figures(self, name: str, now: float | None = None) -> None:
+        """Forget every figure of policy `name` (its per-minute counters, its offenders),
+        as when the policy is deleted: a policy created again under its name starts from
+        zero."""
+        keys = figure_keys(self.prefix, name, time.time() if now is None else now)
         with self._lock:
             for key in keys:
                 self._store.delete(key)

@@ -7,6 +7,7 @@ them on its blocking client, its asyncio twin (`engine.aio`) awaits the same flo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from ratelimits.engine.heartbeat import Heartbeat, beating
 from ratelimits.engine.keynames import (
     US,
     base_key,
+    figure_keys,
     guaranteed,
     offender_errors_key,
     offenders_key,
@@ -316,6 +318,16 @@ class RedisEngine(Acquiring):
             pipe.delete(*keys)
         for key, field in cells:
             pipe.hdel(key, field)
+        pipe.execute()
+
+    def forget_figures(self, name: str, now: float | None = None) -> None:
+        """Forget every figure of policy `name` (its per-minute counters, its offenders),
+        as when the policy is deleted: a policy created again under its name starts from
+        zero. This process's tally is sent first, or its last counts would come back.
+        """
+        self.flush()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(*figure_keys(self.prefix, name, time.time() if now is None else now))
         pipe.execute()
 
     def _now_us(self, now: float | None) -> int:

@@ -1,8 +1,12 @@
 """Server-drawn SVG charts of a policy's counts: no JavaScript, no CDN, no colour needed.
 
-Each series has its own line pattern (solid, long dashes, dots) and marker shape, the
-legend repeats both beside the name, and every chart carries a text summary (<title>,
+Each series has its own line pattern (solid, long dashes, dots), width and marker shape,
+the legend repeats them beside the name, and every chart carries a text summary (<title>,
 <desc>) for screen readers. Colour only adds to what the patterns already say.
+
+Two series with equal figures draw on the same points, so the wider line goes first and
+the narrower on top of it, and each series puts its markers at its own minutes: a shadow
+policy's "would reject" stays visible over an enforced twin's "rejected" line.
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ class Series:
     dash: str  # stroke-dasharray ("" = solid)
     marker: str  # "circle", "square" or "triangle"
     colour: str
+    width: float = 2.0  # stroke width: a wider line is drawn first, under the narrower
+    opacity: float = 1.0  # of the line (markers are opaque)
     #: The legend gives the span's total (counts), else the mean of its figures (gauges).
     sums: bool = True
+
+    @property
+    def marker_size(self) -> float:
+        """Large enough to stand out of the series' own line."""
+        return max(3.0, 0.7 * self.width)
 
 
 SERIES = (
     Series("admitted", "admitted", "", "circle", "#2f6f3e"),
-    Series("rejected", "rejected", "8 4", "square", "#b3261e"),
-    Series("would reject (shadow)", "would_reject", "2 3", "triangle", "#8a5a00"),
+    # a wide pale band: a dotted "would reject" on the same figures shows over it
+    Series("rejected", "rejected", "8 4", "square", "#b3261e", width=6.0, opacity=0.45),
+    Series("would reject (shadow)", "would_reject", "2 3", "triangle", "#6b4400"),
 )
 #: An adaptive policy's figures: the limit its processes learnt, the latency it saw.
 LIMIT_SERIES = (Series("limit learnt, per process", "mean_limit", "", "circle", "#1f4e79",
@@ -120,27 +132,27 @@ def line_chart(
             f'text-anchor="{anchor}" fill="currentColor">{escape(text)}</text>'
         )
     step = max(1, markers_every)
-    for s in series:
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+    last = len(counts) - 1
+    # widest first: a narrower line on equal figures is drawn over it, never under it
+    drawn = sorted(enumerate(series), key=lambda item: -item[1].width)
+    for rank, s in drawn:
         for run in _runs(values[s.attr]):  # a minute without a figure leaves a gap
             points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
-            parts.append(
-                f'<polyline class="rl-{s.attr}" points="{points}" fill="none" '
-                f'stroke="{s.colour}" stroke-width="2"{dash}/>'
-            )
-        last = len(counts) - 1
+            parts.append(f'<polyline class="rl-{s.attr}" points="{points}" fill="none" '
+                         f'{_stroke(s)}/>')
+        # each series marks its own minutes, so equal lines' markers sit side by side
+        phase = rank * step // max(1, len(series))
         for i, v in enumerate(values[s.attr]):
-            if v is not None and (i % step == 0 or i == last):
-                parts.append(_marker(s.marker, x(i), y(v), s.colour))
+            if v is not None and ((i - phase) % step == 0 or i == last):
+                parts.append(_marker(s.marker, x(i), y(v), s.colour, s.marker_size))
     # the legend: pattern swatch, marker and name, with the span's total or mean
     lx, ly = left, height - 14
     for s in series:
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
         parts.append(
-            f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 28}" y2="{ly - 4}" stroke="{s.colour}" '
-            f'stroke-width="2"{dash}/>'
+            f'<line class="rl-key-{s.attr}" x1="{lx}" y1="{ly - 4}" x2="{lx + 28}" '
+            f'y2="{ly - 4}" {_stroke(s)}/>'
         )
-        parts.append(_marker(s.marker, lx + 14, ly - 4, s.colour))
+        parts.append(_marker(s.marker, lx + 14, ly - 4, s.colour, s.marker_size))
         label = f"{s.label} ({legend[s.label]})"
         parts.append(
             f'<text x="{lx + 34}" y="{ly}" font-size="12" fill="currentColor">'
@@ -149,6 +161,13 @@ def line_chart(
         lx += 40 + 7 * len(label)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _stroke(series: Series) -> str:
+    """The stroke attributes of a series' line, the same in the plot and the legend."""
+    dash = f' stroke-dasharray="{series.dash}"' if series.dash else ""
+    faded = f' stroke-opacity="{series.opacity:g}"' if series.opacity < 1 else ""
+    return f'stroke="{series.colour}" stroke-width="{series.width:g}"{dash}{faded}'
 
 
 def _summary(series: Series, values: Sequence[float | None]) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypedDict, TypeVar
 
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from ratelimits.engine.registry import LEARNED_ALGORITHMS
@@ -61,18 +62,63 @@ def _safe(svg: str) -> SafeString:
 # -- the policy list's last hour -----------------------------------------------------------
 
 
-def hour_lines(policy: Policy, counts: observe.PolicyCounts) -> list[tuple[str, str, str]]:
-    """The list's last-hour cell, a (css class, figure, label) per line: admitted,
-    rejected and would be rejected (each when its mode can make it or the hour has some),
-    and the refused share."""
-    lines = [("rl-admitted", counts.admitted, "admitted")]
+def short_count(n: int) -> str:
+    """A count in at most four characters: 987, 1.2k, 45k, 1.2M (the cell's title gives
+    it in full)."""
+    for size, unit in ((1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")):
+        if n >= size:
+            scaled = n / size
+            text = f"{scaled:.1f}" if scaled < 9.95 else f"{round(scaled)}"
+            return text.removesuffix(".0") + unit
+    return str(n)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the list's last-hour cell: `short` shown, `label` beside it, and the
+    whole figure (`long`) as its title."""
+
+    css: str
+    short: str
+    long: str
+    label: str
+
+
+def hour_figures(policy: Policy, counts: observe.PolicyCounts) -> list[list[Figure]]:
+    """The list's last-hour cell in two lines: what it admitted; then what it refused or
+    would have (each shown when its mode can make it or the hour has some) and the
+    refused share."""
+    refusals = []
     if policy.mode == Mode.ENFORCE or counts.rejected:
-        lines.append(("rl-rejected", counts.rejected, "rejected"))
+        refusals.append(("rl-rejected", counts.rejected, "rejected", "rejected"))
     if policy.mode == Mode.SHADOW or counts.would_reject:
-        lines.append(("rl-would-reject", counts.would_reject, "would reject"))
-    return [(cls, f"{n:,}", label) for cls, n, label in lines] + [
-        ("rl-share", share_of(counts), "refused")
+        refusals.append(("rl-would-reject", counts.would_reject, "would reject",
+                         "would have been rejected (shadow)"))
+    if not refusals:
+        refusals.append(("rl-refused", counts.refused, "refused", "refused"))
+    share = share_of(counts)
+    return [
+        [Figure("rl-admitted", short_count(counts.admitted), f"{counts.admitted:,} admitted",
+                "admitted")],
+        [*(Figure(css, short_count(n), f"{n:,} {long}", label)
+           for css, n, label, long in refusals),
+         Figure("rl-share", share, f"{share} of the requests refused or would have been"
+                if counts.total else "no requests", "")],
     ]
+
+
+def hour_cell(policy: Policy, counts: observe.PolicyCounts | None) -> SafeString | str:
+    """The list's last-hour cell: `hour_figures` as HTML, short figures with their full
+    form as a title; `UNKNOWN` when the store could not be read."""
+    if counts is None:
+        return UNKNOWN
+    lines = (
+        format_html_join(" · ", '<span class="{}" title="{}">{}</span>{}', (
+            (f.css, f.long, f.short, f" {f.label}" if f.label else "") for f in line))
+        for line in hour_figures(policy, counts)
+    )
+    return format_html('<span class="rl-hour">{}</span>',
+                       format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines)))
 
 
 # -- a policy's page -----------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Reset one client under one policy: what the admin's "reset this client" and
-`manage.py ratelimits reset` both do with the client an operator typed."""
+`manage.py ratelimits reset` both do with the client an operator typed; and forget a
+deleted policy's figures, so a policy created later under its name starts from zero."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ratelimits.conf import get_config
+from ratelimits.engine.interfaces import Engine
 from ratelimits.matching.keykinds import identity_from_text
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.resolver import compile_policy
@@ -37,3 +39,10 @@ def reset_client(policy: Any, typed: str) -> str:
             f"{exc}); try again when it is back"
         ) from exc
     return identity
+
+
+def forget_figures(name: str, *, now: float | None = None, engine: Engine | None = None) -> None:
+    """Delete what policy `name` did: its per-minute counters (the day they are kept) and
+    its offenders (the hours they are kept), on the store or, for the in-process engine,
+    in this process (`Engine.forget_figures`). Raises what the store raises."""
+    (engine or get_engine()).forget_figures(name, now)

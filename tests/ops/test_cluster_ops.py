@@ -421,3 +421,32 @@ def test_async_requests_are_decided_on_the_event_loop_on_the_cluster(
     assert isinstance(get_engine().aio, AsyncClusterEngine)
     assert decided_on and set(decided_on) == {loop_thread}
     assert observe.last_hour(["edge"])["edge"] == observe.PolicyCounts(admitted=2, rejected=1)
+
+
+def test_a_deleted_policys_figures_go_with_it_on_the_cluster(
+    admin_client, client, make_policy, on_cluster, django_capture_on_commit_callbacks
+):
+    """Its counters (a key per minute, each in its own slot) and offenders (hash-tagged by
+    the policy) are deleted where they live: a policy created again under its name starts
+    from zero."""
+    policy = make_policy(name="login", limit=1, path="/hello/")
+    assert hit(client, 3) == [200, 429, 429]
+    earlier = int(time.time() * 1_000_000) - 5 * 3600 * 1_000_000
+    get_engine().count_fields("login", earlier, {"a": 7})
+    assert observe.last_hour(["login"])["login"] == observe.PolicyCounts(admitted=1, rejected=2)
+    minute, hour = int(time.time() // 60), int(time.time() // 3600)
+    keys = [stats_key(PREFIX, "login", minute), stats_key(PREFIX, "login", earlier // 60_000_000),
+            cluster_offenders_key(PREFIX, "login", hour)]
+    assert all(stored(key) for key in keys)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert admin_client.post(f"{URL}{policy.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not any(stored(key) for key in keys)
+    again = make_policy(name="login", limit=1, path="/hello/")
+    page = admin_client.get(f"{URL}{again.pk}/change/").context
+    assert page["hour_counts"] == observe.PolicyCounts() and page["offenders"] == []
+    assert sum(observe.series(["login"], 24 * 60)["login"], observe.PolicyCounts()).total == 0
+
+
+def stored(key: str) -> bool:
+    return bool(get_engine().client.exists(key))

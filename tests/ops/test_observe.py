@@ -37,9 +37,40 @@ def test_list_shows_each_policys_last_hour(admin_client, client, make_policy):
     assert rows["quiet"]._hour == observe.PolicyCounts()
     page = response.content.decode()
     assert "last hour" in page.lower()
-    assert '<span class="rl-rejected">3</span> rejected' in page  # enforced: its refusals
-    assert '<span class="rl-share">60.0%</span> refused' in page  # 3 of 5 refused
+    assert '<span class="rl-rejected" title="3 rejected">3</span> rejected' in page
+    assert '<span class="rl-share" title="60.0% of the requests' in page  # 3 of 5 refused
     assert "—" in page  # no traffic: no share
+
+
+@pytest.mark.parametrize(
+    ("mode", "counts", "lines"),
+    [
+        ("enforce", observe.PolicyCounts(admitted=1_234_567, rejected=89_012),
+         ["1.2M admitted", "89k rejected · 6.7%"]),
+        ("shadow", observe.PolicyCounts(admitted=3, would_reject=4),
+         ["3 admitted", "4 would reject · 57.1%"]),
+        # switched to shadow within the hour: both kinds of refusal
+        ("shadow", observe.PolicyCounts(admitted=9_500, rejected=12, would_reject=1_050),
+         ["9.5k admitted", "12 rejected · 1.1k would reject · 10.1%"]),
+        ("off", observe.PolicyCounts(), ["0 admitted", "0 refused · —"]),
+    ],
+)
+def test_the_lists_last_hour_is_two_short_lines_with_the_full_figures_as_titles(
+    mode, counts, lines
+):
+    """Compact enough not to wrap: two lines of short figures, never wrapped, each
+    figure's full form in its title."""
+    import re
+
+    from ratelimits.models import Policy
+    from ratelimits.ops import dashboard
+
+    cell = str(dashboard.hour_cell(Policy(name="p", mode=mode), counts))
+    assert cell.startswith('<span class="rl-hour">') and cell.count("<br>") == 1
+    assert [re.sub(r"<[^>]+>", "", line) for line in cell.split("<br>")] == lines
+    titles = re.findall(r'title="([^"]+)"', cell)
+    assert f"{counts.admitted:,} admitted" in titles
+    assert all(len(short) <= 5 for short in re.findall(r'title="[^"]+">([^<]+)<', cell))
 
 
 def test_policy_page_charts_offenders_and_shadow_advice(admin_client, client, make_policy):
