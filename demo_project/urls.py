@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("hello/", views.hello, name="hello"),
     path("search/", views.search, name="search"),
+    path("shop/", views.shop, name="shop"),
     path("slow/", views.slow, name="slow"),
     path("busy/", views.busy, name="busy"),
     path("quote/", views.quote, name="quote"),

@@ -20,6 +20,11 @@ Inside `limited(...)` the app decides with a fresh in-process engine at the cloc
 exactly the policies given (and the limits declared in code with `@ratelimit`), never
 the database's; leaving it forgets all of it. The pytest plugin offers the same as the
 `ratelimits` fixture.
+
+The clock starts at `START` (midnight UTC, 1 January 2024), not at the wall clock's time:
+a window of any usual period (a second, a minute, an hour, a day) begins there, so a
+window algorithm's `Retry-After` is the same whichever second the test runs at. `at=`
+starts it elsewhere.
 """
 
 from __future__ import annotations
@@ -37,13 +42,21 @@ from ratelimits.pipeline.resolver import load_snapshot, pinned_snapshot, resolve
 from ratelimits.pipeline.state import reset_state
 from ratelimits.runtime import use_clock
 
-__all__ = ["Clock", "Limits", "limited"]
+__all__ = ["START", "Clock", "Limits", "limited"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Where a test's clock starts unless told: 2024-01-01T00:00:00Z in seconds since the
+#: epoch. A whole number of days, so every window whose period divides a day (1 s, 10 s,
+#: a minute, an hour, a day ...) starts exactly there: a test decides the same, and gets
+#: the same `Retry-After`, at whatever second of the minute it runs.
+START = 1_704_067_200.0
+
 
 class Clock:
-    """A clock that stands still until told: `advance(seconds)` or `freeze(at)`.
+    """A clock that stands still until told: `advance(seconds)` or `freeze(at)`. It
+    starts at `start` (seconds since the epoch), by default at the wall clock's time;
+    `limited()` moves it to `START` unless given `at`.
 
     An implementation of `ratelimits.runtime.Clock`: installed (as `limited()` does, or
     with `runtime.using_clock()`), the app decides at its time, measures its intervals
@@ -107,7 +120,8 @@ class Limits:
 
     def load(self) -> None:
         """Decide with the policies saved in the test database (and their overrides),
-        as they are now: call it again after changing them."""
+        as they are now: call it again after changing them. An override's `expires` is
+        compared with this clock's time, which starts at `START` unless told."""
         resolver.pinned = None
         resolver.pinned = load_snapshot(None)
 
@@ -162,12 +176,16 @@ def limited(
 
     Each policy is a dict of `Policy` fields (`rate="5/m"` may stand for `limit` and
     `period`; `mode` is "enforce" unless given) or an unsaved `Policy`; an invalid one
-    raises the model's ValidationError. `at` starts the clock (default: now); `clock` is
-    one of your own (a `Clock` subclass that records the waits), else a new one. A
-    context manager giving the `Limits`, and a decorator for test functions and classes.
+    raises the model's ValidationError. `at` starts the clock (seconds since the epoch);
+    without it the clock starts at `START`, a fixed midnight where every usual window
+    begins, so the decisions and their `Retry-After` never depend on when the test runs.
+    `clock` is one of your own (a `Clock` subclass that records the waits), set to the
+    same start; else a new one. A context manager giving the `Limits`, and a decorator
+    for test functions and classes.
     """
+    start = START if at is None else at
     if clock is None:
-        clock = Clock(at)
-    elif at is not None:
-        clock.freeze(at)
+        clock = Clock(start)
+    else:
+        clock.freeze(start)
     return Limits(policies, clock)

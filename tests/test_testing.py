@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -13,7 +12,7 @@ from django.core.exceptions import ValidationError
 
 from ratelimits import runtime
 from ratelimits.pipeline.resolver import resolver
-from ratelimits.testing import Clock, limited
+from ratelimits.testing import START, Clock, limited
 
 LOGIN = {"name": "login", "rate": "5/m", "algorithm": "sliding_log", "path": "/login/",
          "methods": "POST"}
@@ -21,13 +20,6 @@ LOGIN = {"name": "login", "rate": "5/m", "algorithm": "sliding_log", "path": "/l
 
 def _posts(client, n, path="/login/"):
     return [client.post(path).status_code for _ in range(n)]
-
-
-def test_the_readme_shows_the_example_module_as_it_is():
-    module = Path(__file__).with_name("test_readme_testing.py").read_text()
-    body = module.split('"""\n\n', 1)[1]
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert body.strip() in readme
 
 
 def test_policies_are_installed_without_the_database(client):
@@ -66,6 +58,56 @@ def test_the_clock_stands_still_until_advanced(client):
         limits.clock.advance(0.5)
         assert _posts(client, 1) == [200]
         assert limits.clock.now() == 1_000_060.0
+
+
+# -- where the clock starts ----------------------------------------------------------------
+
+#: Periods a window is usually given: a second, a minute, an hour, a day.
+USUAL_PERIODS = (1, 10, 60, 3600, 86400)
+
+
+def test_the_clock_starts_at_a_fixed_midnight_where_every_usual_window_begins(ratelimits):
+    assert START == 1_704_067_200.0  # 2024-01-01T00:00:00Z
+    assert all(START % period == 0 for period in USUAL_PERIODS)
+    with limited(LOGIN) as limits:
+        assert limits.clock.now() == START
+    assert ratelimits.clock.now() == START  # the pytest fixture too
+    with limited(LOGIN, clock=Clock(5.0)) as limits:
+        assert limits.clock.now() == START  # and a clock of your own given to it
+    with limited(LOGIN, at=1_000_000.0) as limits:
+        assert limits.clock.now() == 1_000_000.0  # unless told
+
+
+def _retry_after(policy: dict, client, **where) -> str:
+    """Retry-After of the refusal after a policy of 5 a minute admitted five."""
+    with limited(policy, **where):
+        assert _posts(client, 5) == [200] * 5
+        refused = client.post("/login/")
+    assert refused.status_code == 429
+    return refused["Retry-After"]
+
+
+@pytest.mark.parametrize(("algorithm", "retry_after"),
+                         [("fixed_window", "60"), ("sliding_window", "72")])
+def test_a_window_retry_after_is_the_same_whatever_the_wall_clock_says(
+    client, monkeypatch, algorithm, retry_after
+):
+    """Run at the seconds 0, 10, 30, 50 and 59 of a minute (the wall clock is made to
+    say so, nothing sleeps): the same Retry-After every time, where a clock started at
+    the wall clock's time gave one per second of the minute."""
+    policy = {**LOGIN, "algorithm": algorithm}
+    minute = 1_750_000_020.0  # a whole minute
+    assert minute % 60 == 0
+    seen, from_the_wall = set(), []
+    for second in (0, 10, 30, 50, 59):
+        monkeypatch.setattr(time, "time", lambda second=second: minute + second)
+        seen.add(_retry_after(policy, client))
+        from_the_wall.append(_retry_after(policy, client, at=time.time()))
+    monkeypatch.undo()
+    assert seen == {retry_after}
+    assert len(set(from_the_wall)) == 5  # the scenario does depend on where the clock starts
+    if algorithm == "sliding_window":
+        assert from_the_wall == ["72", "62", "42", "22", "13"]
 
 
 def test_a_waiting_request_moves_the_clock_instead_of_sleeping(client):

@@ -1,6 +1,8 @@
 """The example policies the demo starts with: one enforced, one in shadow, one DRF scope,
 one rolled out to a quarter of the clients, one that warms up and lets requests wait,
-one that learns how many requests a slow service may take at once."""
+one that learns how many requests a slow service may take at once. Each has a path of
+its own, so each step of the tour (docs/demo.md) works alone, in any order; the admin
+lists a seventh, "quote", declared in code on its view."""
 
 EXAMPLE_POLICIES = [
     {
@@ -36,16 +38,18 @@ EXAMPLE_POLICIES = [
         "scope": "items",
     },
     {
-        "name": "search-rollout",
+        # 127.0.0.1 is out of this policy's draw at 25% and in at 50% (the draw hashes
+        # the policy's name with the client: tests/test_demo.py holds the tour to it).
+        "name": "shop-rollout",
         "description": "Enforced for 25% of client IPs (the others counted as in shadow): "
-        "10 searches a minute. Raise it from the list's action.",
+        "10 requests a minute on /shop/. Raise it from the list's action.",
         "mode": "enforce",
         "rollout": 25,
         "algorithm": "fixed_window",
         "limit": 10,
         "period": 60,
         "key": "ip",
-        "path": "/search/",
+        "path": "/shop/",
     },
     {
         "name": "report-paced",
@@ -83,3 +87,8 @@ EXAMPLE_OVERRIDES = [
     ("hello-per-ip", {"match": "ip:192.0.2.10", "limit": 50,
                       "note": "A partner's gateway: ten times the quota."}),
 ]
+
+#: Example policies of earlier versions of the demo, removed by `seed_policies`:
+#: "search-rollout" shared /search/ with "search-shadow", so enforcing the one changed
+#: what the other's step showed.
+RETIRED_POLICIES = ("search-rollout",)

@@ -28,8 +28,19 @@ def hello(request):
 
 
 def search(request):
+    """Watched by policy "search-shadow" alone (3 per 10 s per IP, in shadow)."""
     query = request.GET.get("q", "")
     return JsonResponse({"query": query, "results": [f"{query} {i}" for i in range(3)]})
+
+
+PRODUCTS = ["kettle", "teapot", "mug", "tea towel"]
+
+
+def shop(request):
+    """Watched by policy "shop-rollout" alone (10 a minute per IP, enforced for a share
+    of the addresses), so its step of the tour never meets another step's policy."""
+    return JsonResponse({"products": [{"id": i, "name": name}
+                                      for i, name in enumerate(PRODUCTS, start=1)]})
 
 
 @ratelimit(name="quote", rate="3/10s", key="ip", algorithm="sliding_log")

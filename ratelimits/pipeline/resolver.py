@@ -7,8 +7,11 @@ that fails keeps the last good snapshot and logs why.
 
 The version lives in the store, so an edit saved while the store was down, or on a store
 that is not shared (the in-process engine), moves no version other processes see. So each
-process also reads a fingerprint of the policy tables (one aggregate query per table) at
-most every `DB_CHECK_EVERY` seconds, and rebuilds when it differs from its snapshot's.
+process also reads a fingerprint of the policy tables (one aggregate query) at most every
+`DB_CHECK_EVERY` seconds, and rebuilds when it differs from its snapshot's. On the
+in-process engine that is the only way a process learns of a policy saved by another
+(another worker, `manage.py shell`, a command), so the interval is what such a save
+waits for at most.
 """
 
 from __future__ import annotations
@@ -50,8 +53,12 @@ RETRY_AFTER_FAILURE = 1.0
 #: A request that notices a new version while another thread rebuilds waits this long for
 #: the new snapshot, then goes on with the last one: a slow database holds no one for long.
 WAIT_FOR_RELOAD = 0.25
-#: Each process reads the policy tables' fingerprint at most this often (seconds).
-DB_CHECK_EVERY = 5.0
+#: Each process reads the policy tables' fingerprint at most this often (seconds): the
+#: longest a policy saved by another process waits on the in-process engine (and on Redis
+#: when it was saved while the store was out of reach). One small aggregate query per
+#: process per interval, and only while requests arrive: never one per request. Longer
+#: than `version.VERSION_EVERY`: on Redis the version, one GET, tells first.
+DB_CHECK_EVERY = 2.0
 
 Fingerprint = tuple[tuple[int, Any], ...]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 
 import pytest
 from django.core.management import call_command
@@ -51,7 +52,8 @@ def test_status_shows_each_policy_with_its_last_hour(client, make_policy):
 
     text = run("status")
     rows = {row.split()[0]: row for row in text.splitlines()[1:]}
-    assert text.splitlines()[0].split()[:5] == ["policy", "mode", "algorithm", "rate", "key"]
+    assert text.splitlines()[0].split()[:6] == ["policy", "mode", "rollout", "algorithm",
+                                                "rate", "key"]
     # admitted, rejected, would-reject, refused share
     assert rows["hello-ip"].split()[-4:] == ["2", "1", "0", "33.3%"]
     assert "2 per 10 minutes" in rows["hello-ip"]
@@ -337,11 +339,57 @@ def test_replay_progress_on_request(tmp_path, make_policy):
     assert "replay: 100%" in err.getvalue()
 
 
-def test_status_says_it_cannot_see_in_process_counters(memory_store, make_policy):
-    make_policy(name="hello", path="/hello/")
-    out = io.StringIO()
-    call_command("ratelimits", "status", stdout=out)
-    assert "a command cannot see" in out.getvalue()
+def _status_table(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The header and each policy's cells of `status`'s table (cells are split on two
+    spaces: a rate reads "2 per 10 minutes")."""
+    lines = text.splitlines()
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines if line.strip()]
+    header = cells[0]
+    return header, {row[0]: row for row in cells[1:] if len(row) > 1}
+
+
+def _scoped_and_rolled_out(make_policy) -> None:
+    make_policy(name="hello", path="/hello/", limit=5, period=60)
+    make_policy(name="items", path="*", scope="items", limit=10, period=60, rollout=25)
+
+
+def test_status_shows_scope_and_rollout_with_the_store(client, make_policy):
+    _scoped_and_rolled_out(make_policy)
+    assert client.get("/hello/").status_code == 200
+    header, rows = _status_table(run("status"))
+    assert header == ["policy", "mode", "rollout", "algorithm", "rate", "key", "path", "scope",
+                      "admitted", "rejected", "would reject", "refused"]
+    cell = {name: dict(zip(header, row, strict=True)) for name, row in rows.items()}
+    assert (cell["items"]["scope"], cell["items"]["rollout"]) == ("items", "25%")
+    assert (cell["hello"]["scope"], cell["hello"]["rollout"]) == ("-", "100%")
+    assert cell["hello"]["admitted"] == "1"  # the store's figures: this test's request
+    data = json.loads(run("status", "--json"))
+    assert data["shared"] is True
+    assert {p["name"]: (p["scope"], p["rollout"]) for p in data["policies"]} == {
+        "hello": ("", 100), "items": ("items", 25)}
+
+
+def test_status_on_the_in_process_engine_says_it_cannot_know_instead_of_zeros(
+    memory_store, client, make_policy
+):
+    _scoped_and_rolled_out(make_policy)
+    # requests this process served: still nothing a command run elsewhere could read
+    assert client.get("/hello/").status_code == 200
+    text = run("status")
+    header, rows = _status_table(text)
+    assert header == ["policy", "mode", "rollout", "algorithm", "rate", "key", "path", "scope"]
+    assert rows["items"][-1] == "items" and rows["items"][2] == "25%"
+    assert rows["hello"][-1] == "-" and rows["hello"][2] == "100%"
+    # no figure column, no zero: one line says why and what to do
+    assert not re.search(r"\b0\b", "\n".join(text.splitlines()[1:3]))
+    (why,) = [line for line in text.splitlines() if "in-process engine" in line]
+    assert "the counts live inside the server processes" in why
+    assert "a command cannot see" in why and "Redis" in why
+    data = json.loads(run("status", "--json"))
+    assert data["shared"] is False and data["error"] is None
+    assert [p["last_hour"] for p in data["policies"]] == [None, None]  # unknown, not zeros
+    assert {p["name"]: (p["scope"], p["rollout"]) for p in data["policies"]} == {
+        "hello": ("", 100), "items": ("items", 25)}
 
 
 def test_replay_jobs_option_splits_and_gives_the_same_report(tmp_path, make_policy):

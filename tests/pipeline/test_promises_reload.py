@@ -1,4 +1,5 @@
-"""README promises about policy reloads, held by tests that drive real requests.
+"""Promises docs/scale-out.md ("Changes take effect everywhere") and docs/reliability.md
+make about policy reloads, held by tests that drive real requests.
 
 - A policy version change met by many threads at once is loaded once, and every one of
   those requests is decided with the new policies; a stuck reload holds them only briefly.
@@ -244,3 +245,65 @@ def test_many_threads_meeting_a_failed_reload_query_once(make_policy, monkeypatc
     assert caplog.text.count("could not load the policies") == 1
     # every request was still decided by the last good snapshot
     assert all(r.status_code == 200 and '"old"' in r["RateLimit"] for r, _ in results)
+
+
+# -- when a saved policy applies (docs/demo.md, "When a saved policy applies") -------------
+
+
+def _saved_elsewhere(**fields) -> None:
+    """A policy saved by another process (`manage.py shell`, another worker): its row is
+    in the table, but no signal of this process ran (the test's transaction never
+    commits, so the save's on-commit publication never happens here)."""
+    values = {"name": "fresh", "mode": "enforce", "algorithm": "fixed_window", "limit": 1,
+              "period": 3600, "key": "ip", "path": "/hello/", **fields}
+    policy = Policy(**values)
+    policy.full_clean()
+    policy.save()
+
+
+def _applies(response) -> bool:
+    return '"fresh"' in response.get("RateLimit-Policy", "")
+
+
+def test_on_the_in_process_engine_another_process_save_applies_within_db_check_every(
+    memory_store, client, make_policy, clock, django_assert_num_queries
+):
+    """The bound docs/demo.md states: two seconds, read on a request, never a query per
+    request. The time is the app's clock, moved by the test."""
+    from ratelimits.pipeline.resolver import DB_CHECK_EVERY
+
+    assert DB_CHECK_EVERY == 2.0
+    make_policy(name="old", limit=100, path="/hello/")
+    assert client.get("/hello/").status_code == 200  # the snapshot, and the tables read
+    _saved_elsewhere()
+    clock.advance(DB_CHECK_EVERY - 0.01)
+    with django_assert_num_queries(0):  # not yet, and no query on the request path
+        assert not any(_applies(client.get("/hello/")) for _ in range(3))
+    clock.advance(0.01)
+    first = client.get("/hello/")  # the first request two seconds after the save
+    assert _applies(first) and first.status_code == 200
+    assert client.get("/hello/").status_code == 429  # "fresh": 1 an hour
+    clock.advance(DB_CHECK_EVERY - 0.01)
+    with django_assert_num_queries(0):  # read again only two seconds later
+        client.get("/hello/")
+
+
+def test_on_the_in_process_engine_a_save_in_the_serving_process_applies_at_once(
+    memory_store, client, make_policy, clock
+):
+    make_policy(name="old", limit=100, path="/hello/")
+    assert client.get("/hello/").status_code == 200
+    make_policy(name="fresh", limit=1, path="/hello/")  # saved and committed here (admin)
+    assert _applies(client.get("/hello/"))  # the next request, with no time passed
+
+
+def test_on_redis_another_process_save_applies_at_the_next_request_redis_decides(
+    client, make_policy, clock
+):
+    make_policy(name="old", limit=100, path="/hello/")
+    assert client.get("/hello/").status_code == 200
+    _saved_elsewhere()
+    get_engine().bump_version()  # what the other process's commit publishes
+    # the next request learns the version from its reply: "fresh", new to it, applies to it
+    assert _applies(client.get("/hello/"))
+    assert client.get("/hello/").status_code == 429

@@ -1,4 +1,9 @@
-"""`manage.py ratelimits status [--json]`: every policy with its last hour of traffic."""
+"""`manage.py ratelimits status [--json]`: every policy with its last hour of traffic.
+
+The figures are the store's counters, all processes together. With the in-process engine
+each server process counts in its own memory, out of a command's reach: the policies are
+listed without figures, and one line says why (never zeros that look like an idle site).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,20 @@ from ratelimits.ops import observe
 from ratelimits.ops.dashboard import UNKNOWN, percent
 from ratelimits.pipeline import engines
 
-_HEADERS = ("policy", "mode", "algorithm", "rate", "key", "path", "admitted", "rejected",
-            "would reject", "refused")
-#: The figures' columns, right-aligned.
-_FIGURES = {6, 7, 8, 9}
+#: The scope column of a policy tied to no DRF scope (it sees what the middleware sees).
+NO_SCOPE = "-"
+
+#: What every engine shows: the policy as the admin's list does.
+_SETTINGS = ("policy", "mode", "rollout", "algorithm", "rate", "key", "path", "scope")
+#: The last hour's figures, right-aligned; only where a command can read them.
+_FIGURES = ("admitted", "rejected", "would reject", "refused")
+#: What the in-process engine prints instead of the figures, in one line.
+IN_PROCESS = (
+    "No figures: with the in-process engine the counts live inside the server processes, "
+    "which a command cannot see (the admin's pages, served by them, show them). Use Redis "
+    "(RATELIMITS['CACHE'] on a django-redis cache, or RATELIMITS['REDIS_URL']) for figures "
+    "here."
+)
 
 
 def add_arguments(parser: ArgumentParser) -> None:
@@ -26,28 +41,33 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 def handle(command: BaseCommand, *, json: bool = False, **_: object) -> None:
     policies = list(Policy.objects.order_by("-priority", "name"))  # the admin's order
+    shared = engines.is_shared()
     error = None
-    try:
-        counts = observe.last_hour([p.name for p in policies])
-    except Exception as exc:  # the store is down: still show the policies
-        error, counts = f"{type(exc).__name__}: {exc}", {}
+    counts: dict[str, observe.PolicyCounts] = {}
+    if shared:  # in process, this command's own engine has counted nothing: not read
+        try:
+            counts = observe.last_hour([p.name for p in policies])
+        except Exception as exc:  # the store is down: still show the policies
+            error = f"{type(exc).__name__}: {exc}"
     rows = [_row(p, counts.get(p.name)) for p in policies]
     if error:
         command.stderr.write(
             f"Could not read the counters ({error}); figures shown as {UNKNOWN}.")
     if json:
-        command.stdout.write(dumps({"policies": rows, "error": error}))
+        command.stdout.write(dumps({"policies": rows, "shared": shared, "error": error}))
         return
     if not rows:
         command.stdout.write("No policies. Add some in the admin (Rate limits → Policies).")
         return
+    headers = _SETTINGS + _FIGURES if shared else _SETTINGS
     command.stdout.write(table(
-        _HEADERS,
-        [[r["name"], r["mode"], r["algorithm"], r["rate"], r["key"], r["path"], *_figures(r)]
-         for r in rows],
-        right=_FIGURES,
+        headers,
+        [[*_settings(r), *_figures(r)] if shared else _settings(r) for r in rows],
+        right={headers.index(h) for h in ("rollout", *_FIGURES) if h in headers},
     ))
-    command.stdout.write(_source())
+    command.stdout.write(
+        "Figures: the last 60 minutes, all processes (the store's counters)." if shared
+        else IN_PROCESS)
 
 
 def _row(p: Policy, c: observe.PolicyCounts | None) -> dict[str, Any]:
@@ -68,6 +88,8 @@ def _row(p: Policy, c: observe.PolicyCounts | None) -> dict[str, Any]:
         "path": p.path or "*",
         "methods": p.method_list,
         "scope": p.scope,
+        "rollout": p.rollout,
+        # None: not read (the in-process engine), or the store could not be read (`error`)
         "last_hour": None
         if c is None
         else {
@@ -83,23 +105,18 @@ def _row(p: Policy, c: observe.PolicyCounts | None) -> dict[str, Any]:
     }
 
 
+def _settings(row: dict[str, Any]) -> list[str]:
+    """The columns every engine shows: mode, rollout, rate, what it counts and matches."""
+    return [row["name"], row["mode"], f"{row['rollout']}%", row["algorithm"], row["rate"],
+            row["key"], row["path"], row["scope"] or NO_SCOPE]
+
+
 def _figures(row: dict[str, Any]) -> list[str]:
     h = row["last_hour"]
     if h is None:
-        return [UNKNOWN] * 4
+        return [UNKNOWN] * len(_FIGURES)
     return [count(h["admitted"]), count(h["rejected"]), count(h["would_reject"]),
             percent(h["refused_share"])]
-
-
-def _source() -> str:
-    """Where the figures come from, and why there are none without a shared store."""
-    if engines.is_shared():
-        return "Figures: the last 60 minutes, all processes (the store's counters)."
-    return (
-        "Figures: none to read. Without a Redis cache each server process counts in its "
-        "own memory, which a command cannot see; the admin's pages (served by those "
-        "processes) show them, or set up Redis (RATELIMITS['CACHE'])."
-    )
 
 
 SUBCOMMAND = Subcommand(
