@@ -244,7 +244,7 @@ def run(quick: bool = False) -> Section:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--write-log"] and len(sys.argv) == 3:
-        # The README's example log: `bench/replay.py --write-log access.log`.
+        # The example log of docs/operations/replay.md: `bench/replay.py --write-log access.log`.
         write_log(Path(sys.argv[2]), LINES)
     else:
         common.run_section(run)

@@ -19,7 +19,7 @@ django.setup()
 
 project = "ratelimits"
 author = "the ratelimits authors"
-copyright = "2026, the ratelimits authors"  # noqa: A001
+copyright = "2026, the ratelimits authors"
 
 extensions = [
     "myst_parser",
@@ -34,6 +34,8 @@ root_doc = "index"
 myst_heading_anchors = 4
 myst_enable_extensions = ["colon_fence", "deflist"]
 
+# `text` in a docstring is code, as in the Markdown pages.
+default_role = "code"
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "undoc-members": False}

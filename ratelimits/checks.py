@@ -10,6 +10,9 @@ ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not inst
 ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator can be
                  locked out of the admin that would undo it (a database check)
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
+
+The "System checks" page of the documentation (docs/checks.md) says what triggers each one
+and how to fix it.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [
             checks.Error(
                 str(exc),
-                hint="Fix RATELIMITS in your settings; every key is listed in the README's "
-                "\"Settings reference\".",
+                hint="Fix RATELIMITS in your settings; every key, its default and its values "
+                "are on the \"Settings\" page of the documentation (docs/settings.md).",
                 id="ratelimits.E001",
             )
         ]
@@ -141,10 +144,11 @@ def check_installation(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
         messages.append(
             checks.Warning(
                 "ratelimits is installed but neither its middleware nor its DRF throttle is: "
-                "no policy is applied.",
+                "the policies without a scope apply to no request, and only views that carry "
+                "@ratelimit or a throttle of ratelimits in their throttle_classes are limited.",
                 hint=f"Add {MIDDLEWARE!r} to MIDDLEWARE, or {THROTTLE!r} to "
-                "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']; silence ratelimits.W002 if you "
-                "set throttle_classes on each view.",
+                "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']; silence ratelimits.W002 if only "
+                "such views are to be limited (see docs/checks.md).",
                 id="ratelimits.W002",
             )
         )

@@ -3,7 +3,8 @@
 Every setting is one row of `SETTINGS`: its default and a function that checks (and may
 normalise) the value, raising `ValueError` with a message that says what to fix. Adding
 a setting is adding a row. The accessor is cleared on `setting_changed`, so
-`override_settings` works; settings are never read at import time.
+`override_settings` works; settings are never read at import time. The "Settings" page of
+the documentation (docs/settings.md) describes every key.
 """
 
 from __future__ import annotations
@@ -114,15 +115,16 @@ SETTINGS: dict[str, Setting] = {
     # Prefix of every key the engine writes; the policy version lives at PREFIX + "version".
     "KEY_PREFIX": Setting("rl:", _string),
     "HEADERS": Setting("ietf", _header_style),
-    # view(request, rejection) -> HttpResponse for 429s; None: ratelimits.pipeline.responses.reject.
+    # view(request, rejection) -> HttpResponse for 429s and 503s; None:
+    # ratelimits.pipeline.responses.reject.
     "REJECT_VIEW": Setting(None, _optional_dotted_path),
     "TRUSTED_PROXIES": Setting((), _trusted_proxies),
     "IPV6_PREFIX": Setting(64, _ipv6_prefix),
     # The header trusted proxies name the client in; any other is the client's own words.
     "PROXY_HEADER": Setting("x-forwarded-for", _proxy_header),
-    # Longest a leaky-bucket request is held before it is served.
+    # Longest a request is held for its turn (a leaky bucket's queue, a policy's max_wait).
     "MAX_DELAY": Setting(5.0, _seconds),
-    # Requests that may wait (leaky bucket) at once in one process, and of one client;
+    # Requests that may wait for their turn at once in one process, and of one client;
     # beyond them a delayed request is refused at once with a 429 rather than wait.
     "MAX_WAITING": Setting(4, _positive_int),
     "MAX_WAITING_PER_CLIENT": Setting(1, _positive_int),

@@ -1,4 +1,4 @@
-"""`@ratelimit`: a limit declared on a view in code, managed in the admin like any policy.
+"""`@ratelimit`: a limit declared on a view in code, managed in the admin like any policy::
 
     from ratelimits.decorators import ratelimit
 

@@ -64,3 +64,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "loggers": {"ratelimits": {"level": "DEBUG", "propagate": True}},
 }
+
+# Test users sign in with a fast hash: the login recipes post passwords in a loop.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

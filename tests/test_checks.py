@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,22 @@ def test_e001_unknown_key():
     assert "HEADER" in msg.msg and msg.hint
 
 
-def test_e001_hint_points_to_a_section_that_exists():
+def test_e001_hint_points_to_a_page_that_exists():
     with override_settings(RATELIMITS={"HEADER": "ietf"}):
         (msg,) = messages("ratelimits.E001")
-    assert "README" in msg.hint and '"Settings reference"' in msg.hint
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "\n### Settings reference\n" in readme
+    assert '"Settings" page' in msg.hint and "docs/settings.md" in msg.hint
+    page = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text()
+    assert page.startswith("# Settings\n") and "\n## Every key\n" in page
+
+
+def test_every_check_has_its_section_in_the_docs():
+    """docs/checks.md has a section per check id of ratelimits/checks.py, and no other."""
+    root = Path(__file__).resolve().parents[1]
+    source = (root / "ratelimits" / "checks.py").read_text()
+    page = (root / "docs" / "checks.md").read_text()
+    declared = set(re.findall(r'id="(ratelimits\.[EWI]\d{3})"', source))
+    sections = set(re.findall(r"^### `(ratelimits\.[EWI]\d{3})`$", page, re.MULTILINE))
+    assert declared and sections == declared
 
 
 @override_settings(RATELIMITS={"MAX_DELAY": "soon"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -79,8 +81,14 @@ def test_proxy_header_refusal_says_what_to_write(value):
     assert repr(value) in message
 
 
-def test_the_readme_settings_reference_has_a_row_for_every_key():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    reference = readme.split("\n### Settings reference\n", 1)[1].split("\n### ", 1)[0]
-    rows = {line.split("`")[1] for line in reference.splitlines() if line.startswith("| `")}
-    assert rows == set(SETTINGS)
+def test_the_settings_page_gives_every_key_its_default_and_a_section():
+    """docs/settings.md: a row per key in "Every key", with the default of conf.py, and a
+    section of its own per key."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text()
+    table = page.split("\n## Every key\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| `")]
+    defaults = {key.strip().strip("`"): ast.literal_eval(default.strip().strip("`"))
+                for key, default in rows}
+    assert defaults == {name: setting.default for name, setting in SETTINGS.items()}
+    sections = re.findall(r"^### `([A-Z_0-9]+)`$", page, re.MULTILINE)
+    assert sorted(sections) == sorted(SETTINGS)

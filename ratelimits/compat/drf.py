@@ -1,5 +1,5 @@
 """DRF's throttle classes decided by the ratelimits engine: `AnonRateThrottle`,
-`UserRateThrottle`, `ScopedRateThrottle` and their base `SimpleRateThrottle`.
+`UserRateThrottle`, `ScopedRateThrottle` and their base `SimpleRateThrottle`::
 
     REST_FRAMEWORK = {
         "DEFAULT_THROTTLE_CLASSES": ["ratelimits.compat.drf.AnonRateThrottle",

@@ -27,7 +27,8 @@ SCRAPE = "/ratelimits/metrics/"
 
 
 def exempt_scrapes(request) -> bool:
-    """The README's recipe: scrapes are not rate limited, so they cost no engine call."""
+    """The recipe of docs/operations/prometheus.md: scrapes are not rate limited, so they
+    cost no engine call."""
     return request.path == SCRAPE
 
 

@@ -397,9 +397,9 @@ def test_a_cluster_url_without_cluster_support_says_so(settings, monkeypatch):
         get_engine()
 
 
-def test_the_readme_documents_every_scheme():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("\n#### Configuration: REDIS_URL\n", 1)[1].split("\n#", 1)[0]
+def test_the_settings_page_documents_every_scheme():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
+    section = page.split("\n### `REDIS_URL`\n", 1)[1].split("\n### ", 1)[0]
     schemes = [s for mode in deployments.DEPLOYMENTS.values() for s in mode.schemes]
     assert schemes == ["redis", "rediss", "unix", "redis+cluster", "rediss+cluster"]
     for scheme in schemes:
