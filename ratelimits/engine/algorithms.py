@@ -5,7 +5,8 @@ to it).
 
 `check(store, key, now, L, P, B, c)` reads and returns a `Check`; it never writes
 (pruning expired entries aside). `commit(store, key, now, P, c, check, token)` writes,
-only when the whole request is admitted and this limit admitted it. Times are
+only when the whole request is admitted and this limit admitted it; `refund(...)` takes
+that charge back when something outside the engine refused the request. Times are
 microseconds; L, B and c are units.
 """
 
@@ -37,10 +38,15 @@ class Store(Protocol):
 
     def get(self, key: str, now: float) -> Any: ...
     def set(self, key: str, value: Any, now: float, ttl_us: float) -> None: ...
+    def entry(self, key: str, now: float) -> list[Any] | None: ...
+    def delete(self, key: str) -> None: ...
 
 
 CheckFn = Callable[[Store, str, float, float, float, float, float], Check]
 CommitFn = Callable[[Store, str, float, float, float, Check, str], None]
+#: `refund(store, key, now, L, P, B, c, check, token)`: take back what `commit` charged
+#: at `now` with `check` and `token`, as the Lua `--[[refund]]` body does.
+RefundFn = Callable[[Store, str, float, float, float, float, float, Check, str], None]
 
 
 def _floor0(x: float, _eps: float = FLOOR_EPS, _floor: Callable[[float], int] = math.floor
@@ -266,6 +272,11 @@ def learned_commit(s: Store, key: str, now: float, P: float, c: float, r: Check,
     raise ValueError(LEARNED_ONLY)
 
 
+def learned_refund(s: Store, key: str, now: float, L: float, P: float, B: float, c: float,
+                   r: Check, token: str) -> None:
+    raise ValueError(LEARNED_ONLY)
+
+
 LEARNED_ONLY = ("an adaptive limit is learnt in each process and decided by "
                 "ratelimits.engine.adaptive.AdaptiveEngine, not by a store engine")
 
@@ -273,3 +284,51 @@ LEARNED_ONLY = ("an adaptive limit is learnt in each process and decided by "
 def member(token: str, unit: int) -> str:
     """The name of one unit a request holds (as the Lua `add_members` writes it)."""
     return f"{token}:{unit}"
+
+
+# -- refunds: each charge taken back, as the Lua `--[[refund]]` bodies do ------------------
+
+
+def count_refund(s: Store, key: str, now: float, L: float, P: float, B: float, c: float,
+                 r: Check, token: str) -> None:
+    # the window key the charge counted in: a plain sum, exact whatever came since
+    entry = s.entry(r[STATE][0], now)
+    if entry is not None:
+        entry[0] -= c
+
+
+def sliding_log_refund(s: Store, key: str, now: float, L: float, P: float, B: float,
+                       c: float, r: Check, token: str) -> None:
+    entry = s.entry(key, now)
+    if entry is not None:  # the charge wrote `c` entries at `now`
+        log: list[float] = entry[0]
+        at = bisect.bisect_left(log, now)
+        end = min(bisect.bisect_right(log, now), at + int(c))
+        del log[at:end]
+
+
+def token_bucket_refund(s: Store, key: str, now: float, L: float, P: float, B: float,
+                        c: float, r: Check, token: str) -> None:
+    entry = s.entry(key, now)
+    if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
+        tokens, ts = r[STATE]
+        entry[0] = (min(B, tokens + c), ts)
+
+
+def tat_refund(s: Store, key: str, now: float, L: float, P: float, B: float, c: float,
+               r: Check, token: str) -> None:
+    entry = s.entry(key, now)
+    if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
+        tat = r[STATE] - c * P / L
+        if tat <= now:
+            s.delete(key)
+        else:
+            entry[0] = tat
+
+
+def concurrency_refund(s: Store, key: str, now: float, L: float, P: float, B: float,
+                       c: float, r: Check, token: str) -> None:
+    entry = s.entry(key, now)
+    if entry is not None:
+        for unit in range(1, int(c) + 1):
+            entry[0].pop(member(token, unit), None)

@@ -5,24 +5,21 @@ all or none (`charge()`), and take a charge back (`refund()`, each algorithm's a
 
 from __future__ import annotations
 
-import bisect
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ratelimits.engine.algorithms import (
     ALLOWED,
-    STATE,
     Check,
     CheckFn,
     CommitFn,
-    member,
     warm_check,
     warm_commit,
 )
 from ratelimits.engine.expiring import ExpiringStore
 from ratelimits.engine.keynames import new_token, to_us
-from ratelimits.engine.registry import ALGORITHMS
+from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["Prepared", "Receipt", "charge", "refund", "waiting_and_warm"]
@@ -52,65 +49,6 @@ class Receipt(NamedTuple):
     checks: tuple[Check, ...]
     now: float  # µs
     token: str
-
-
-def _entry(store: ExpiringStore, key: str, now: float) -> list[Any] | None:
-    """A key's live entry ([value, expiry, slot]), to change its value and keep its TTL."""
-    entry = store.data.get(key)
-    return entry if entry is not None and now < entry[1] else None
-
-
-def _refund_count(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
-    # the window key the charge counted in: a plain sum, exact whatever came since
-    entry = _entry(store, r[STATE][0], now)
-    if entry is not None:
-        entry[0] -= p.cost
-
-
-def _refund_log(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
-    entry = _entry(store, p.key, now)
-    if entry is not None:  # the charge wrote `cost` entries at `now`
-        log: list[float] = entry[0]
-        at = bisect.bisect_left(log, now)
-        end = min(bisect.bisect_right(log, now), at + int(p.cost))
-        del log[at:end]
-
-
-def _refund_tokens(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
-    entry = _entry(store, p.key, now)
-    if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
-        tokens, ts = r[STATE]
-        entry[0] = (min(p.burst, tokens + p.cost), ts)
-
-
-def _refund_tat(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
-    entry = _entry(store, p.key, now)
-    if entry is not None and entry[0] is r[STATE]:  # still what the charge wrote
-        tat = r[STATE] - p.cost * p.period_us / p.limit
-        if tat <= now:
-            store.delete(p.key)
-        else:
-            entry[0] = tat
-
-
-def _refund_slots(store: ExpiringStore, p: Prepared, now: float, r: Check, token: str) -> None:
-    entry = _entry(store, p.key, now)
-    if entry is not None:
-        for unit in range(1, int(p.cost) + 1):
-            entry[0].pop(member(token, unit), None)
-
-
-_REFUNDS: dict[str, Callable[[ExpiringStore, Prepared, float, Check, str], None]] = {
-    "fixed_window": _refund_count,
-    "sliding_window": _refund_count,
-    "sliding_log": _refund_log,
-    "token_bucket": _refund_tokens,
-    "leaky_bucket": _refund_tat,
-    "gcra": _refund_tat,
-    "concurrency": _refund_slots,
-}
-if set(_REFUNDS) != set(ALGORITHMS):  # a new algorithm needs its refund here too
-    raise RuntimeError(f"no in-process refund for {sorted(set(ALGORITHMS) - set(_REFUNDS))}")
 
 
 def charge(
@@ -153,4 +91,5 @@ def refund(store: ExpiringStore, algorithm: str, p: Prepared, now: float, r: Che
            token: str) -> None:
     """Take back what `charge()` charged `p` (of `algorithm`) at `now` (µs), with its
     check `r` and `token`."""
-    _REFUNDS[algorithm](store, p, now, r, token)
+    REGISTRY[algorithm].refund(store, p.key, now, p.limit, p.period_us, p.burst, p.cost, r,
+                               token)

@@ -43,6 +43,12 @@ class ExpiringStore:
             return None
         return entry[0]
 
+    def entry(self, key: str, now: float) -> list[Any] | None:
+        """A key's live entry ([value, expiry, slot]), to change its value in place and
+        keep its TTL (a refund); None when absent or expired."""
+        entry = self.data.get(key)
+        return entry if entry is not None and now < entry[1] else None
+
     def set(self, key: str, value: Any, now: float, ttl: float) -> None:
         # whole milliseconds, rounded up, at least one: the expiry Redis would set
         expiry = now + max(1, math.ceil(ttl / 1000)) * 1000

@@ -1,9 +1,10 @@
 """Every algorithm, declared once: its key code, its Lua file, its Python functions and
 the facts the rest of the engine (and the app) asks about it.
 
-A new algorithm is its `lua/<name>.lua`, its `check`/`commit` in `algorithms.py`, one
-entry below, its conformance rows, and a migration for the model's choices. Every list,
-set and dispatch elsewhere derives from `REGISTRY`.
+A new algorithm is four files: its `lua/<name>.lua`, its `check`/`commit`/`refund` in
+`algorithms.py`, one entry below, and its conformance rows (no migration: the model's
+field takes its choices from here). Every list, set and dispatch elsewhere derives from
+`REGISTRY`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Algorithm:
     lua: str
     check: a.CheckFn
     commit: a.CommitFn
+    #: Takes a charge back in process (Redis Cluster's refund is its Lua `--[[refund]]`).
+    refund: a.RefundFn
     #: Takes a `burst`: a bucket's capacity, or (with `delays`) a queue's length.
     has_burst: bool = False
     #: The burst when none is set: None means the limit.
@@ -100,25 +103,26 @@ REGISTRY: dict[str, Algorithm] = {
     entry.name: entry
     for entry in (
         Algorithm("fixed_window", "fw", "fixed_window.lua",
-                  a.fixed_window_check, a.fixed_window_commit, windowed=True,
-                  leasable=True),
+                  a.fixed_window_check, a.fixed_window_commit, a.count_refund,
+                  windowed=True, leasable=True),
         Algorithm("sliding_window", "sw", "sliding_window.lua",
-                  a.sliding_window_check, a.sliding_window_commit, windowed=True,
-                  leasable=True),
+                  a.sliding_window_check, a.sliding_window_commit, a.count_refund,
+                  windowed=True, leasable=True),
         Algorithm("sliding_log", "sl", "sliding_log.lua",
-                  a.sliding_log_check, a.sliding_log_commit, stores_members=True),
+                  a.sliding_log_check, a.sliding_log_commit, a.sliding_log_refund,
+                  stores_members=True),
         Algorithm("token_bucket", "tb", "token_bucket.lua",
-                  a.token_bucket_check, a.state_commit, has_burst=True, reserves=True,
-                  warms=True),
+                  a.token_bucket_check, a.state_commit, a.token_bucket_refund,
+                  has_burst=True, reserves=True, warms=True),
         Algorithm("leaky_bucket", "lb", "leaky_bucket.lua",
-                  a.leaky_bucket_check, a.state_commit, has_burst=True, default_burst=0,
-                  delays=True, reserves=True),
-        Algorithm("gcra", "g", "gcra.lua", a.gcra_check, a.state_commit, has_burst=True,
-                  reserves=True, warms=True),
+                  a.leaky_bucket_check, a.state_commit, a.tat_refund, has_burst=True,
+                  default_burst=0, delays=True, reserves=True),
+        Algorithm("gcra", "g", "gcra.lua", a.gcra_check, a.state_commit, a.tat_refund,
+                  has_burst=True, reserves=True, warms=True),
         Algorithm("concurrency", "c", "concurrency.lua",
-                  a.concurrency_check, a.concurrency_commit, stores_members=True,
-                  holds_slots=True, replayable=False),
-        Algorithm("adaptive", "ad", "", a.learned_check, a.learned_commit,
+                  a.concurrency_check, a.concurrency_commit, a.concurrency_refund,
+                  stores_members=True, holds_slots=True, replayable=False),
+        Algorithm("adaptive", "ad", "", a.learned_check, a.learned_commit, a.learned_refund,
                   holds_slots=True, replayable=False, learned=True,
                   called="adaptive concurrency"),
     )
