@@ -513,7 +513,9 @@ class Override(models.Model):
     def _check_limit(self, policy: Policy, add: Any) -> None:
         """The policy's rules, on the policy with this override's limit and burst."""
         if self.limit == 0:
-            return  # the field says so
+            add("limit", "0 is not a limit: leave it empty for the policy's limit, or tick "
+                "exempt to let this client through untouched.")
+            return
         spec = REGISTRY.get(policy.algorithm)
         if self.burst is not None and spec is not None and not spec.has_burst:
             add("burst", f"{spec.label.capitalize()} has no burst; clear it.")

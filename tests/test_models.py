@@ -185,3 +185,16 @@ def test_a_queue_that_drains_within_max_delay_is_accepted(settings):
     settings.RATELIMITS = {**settings.RATELIMITS, "MAX_DELAY": 30}
     Policy(**{**VALID, "algorithm": "leaky_bucket", "limit": 1, "period": 10,
               "burst": 3}).full_clean()  # 30 s, now allowed
+
+
+@pytest.mark.django_db
+def test_an_override_of_limit_zero_is_refused_with_what_to_do_instead():
+    from django.core.exceptions import ValidationError
+
+    from ratelimits.models import Override
+
+    policy = Policy.objects.create(name="p", limit=5, period=60)
+    with pytest.raises(ValidationError) as info:
+        Override(policy=policy, match="ip:192.0.2.1", limit=0).full_clean()
+    assert "0 is not a limit" in " ".join(info.value.message_dict["limit"])
+    assert "exempt" in " ".join(info.value.message_dict["limit"])

@@ -96,6 +96,8 @@ def test_delete_missing_removes_the_policies_the_file_does_not_name(make_policy,
         ({"key": "ipx"}, "policy 2 'b': key:"),
         ({"colour": "red"}, "policy 2 'b': unknown field(s) colour; the fields are name,"),
         ({"name": "a"}, "policy 2: 'a' appears twice"),
+        ({"overrides": [{"match": "ip:192.0.2.1", "limit": 0}]},
+         "'ip:192.0.2.1': limit: 0 is not a limit: leave it empty"),
     ],
 )
 def test_a_refused_import_changes_nothing_and_names_the_policy_and_field(
