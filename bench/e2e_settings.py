@@ -8,6 +8,8 @@ BENCH_E2E_SCENARIO:
   drf      DRF's AnonRateThrottle + UserRateThrottle at BENCH_DRF_RATE, ours off
   compat   ours with DRF's API: ratelimits.compat.drf's AnonRateThrottle +
            UserRateThrottle at BENCH_DRF_RATE, no RateLimitMiddleware (as drf)
+  floor    the floor: bench.floor.FloorMiddleware in our middleware's place (one EVALSHA
+           of `return 1` per request, nothing else), ours off, no DRF throttle classes
   thread   ours, with the async stack's decision handed to a thread by `sync_to_async`
            (as before the asyncio engine): the ASGI section's comparison
 The demo's own settings (REDIS_URL, DEMO_DB) apply as usual. The URLs are the demo's and
@@ -37,12 +39,13 @@ if SCENARIO == "ours":
 elif SCENARIO == "thread":
     MIDDLEWARE = ["bench.thread_hop.ThreadHopMiddleware" if m == _OURS else m
                   for m in MIDDLEWARE]
-elif SCENARIO in ("none", "drf", "compat"):
-    MIDDLEWARE = [m for m in MIDDLEWARE if m != "ratelimits.middleware.RateLimitMiddleware"]
+elif SCENARIO in ("none", "floor", "drf", "compat"):
+    floor = ["bench.floor.FloorMiddleware"] if SCENARIO == "floor" else []
+    MIDDLEWARE = [n for m in MIDDLEWARE for n in (floor if m == _OURS else [m])]
     SILENCED_SYSTEM_CHECKS = ["ratelimits.W002"]
     if SCENARIO != "compat":  # the compat throttles decide with our engine
         RATELIMITS = {**RATELIMITS, "ENABLED": False}
-    if SCENARIO == "none":
+    if SCENARIO in ("none", "floor"):
         REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": []}
     else:
         rate = os.environ.get("BENCH_DRF_RATE", "1000000/min")
