@@ -136,7 +136,24 @@ class RedisCluster:
                 f"redis-cli --cluster create failed:\n{create.stdout}{create.stderr}"
             )
         self.wait_ok(timeout)
+        self._wait_replicas_known(timeout)
         return self
+
+    def _wait_replicas_known(self, timeout: float) -> None:
+        """Until every node's `CLUSTER NODES` names each replica's primary: the replicas
+        are in sync before the gossip has told every node whose replica they are, and a
+        test that looks a primary's replicas up must find them."""
+        deadline = time.monotonic() + timeout
+        wanted = self.primaries * self.replicas
+        while time.monotonic() < deadline:
+            try:
+                if all(sum(v.primary_id is not None for v in self.nodes(p).values()) == wanted
+                       for p in self.live_ports()):
+                    return
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the cluster's replicas were not known to every node in {timeout}s")
 
     def start_node(self, port: int, name: str | None = None) -> None:
         """(Re)start the node of `port` with its own config and data files (so a restart

@@ -209,7 +209,10 @@ class AsyncClusterEngine:
         pipeline, the nodes at once; through the twin, in a thread, when a node redirects
         or fails (a slot not freed expires after its period)."""
         twin = self.twin
-        if decision.token is None or (twin.breaker and twin.breaker.state != "closed"):
+        if decision.token is None:
+            return
+        if twin.breaker and twin.breaker.state != "closed":  # the twin probes, or refuses
+            await asyncio.to_thread(twin.release, decision)
             return
         client = twin.client
         by_node: dict[str, tuple[Any, list[tuple[str, list[str]]]]] = {}

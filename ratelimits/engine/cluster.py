@@ -34,6 +34,7 @@ from ratelimits.engine.contract import (
     decode_slot,
     encode,
     encode_lease,
+    encode_lease_reset,
     encode_refund,
     encode_renew,
     returned_units,
@@ -51,7 +52,13 @@ from ratelimits.engine.keynames import (
 )
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.scripts import lease_source, refund_source, renew_source, slot_source
+from ratelimits.engine.scripts import (
+    lease_source,
+    refund_source,
+    renew_source,
+    slot_source,
+    version_source,
+)
 from ratelimits.engine.tally import Tally
 from ratelimits.engine.transport import admit
 from ratelimits.engine.types import Decision, Limit
@@ -284,13 +291,17 @@ class ClusterEngine(Acquiring):
     slots_expire = True
 
     def release(self, decision: Decision) -> None:
-        """Free the concurrency slots an admitted decision holds."""
-        if decision.token is None or (self.breaker and self.breaker.state != "closed"):
-            return  # the slots expire by themselves after their period
+        """Free the concurrency slots an admitted decision holds, behind the circuit
+        breaker: EngineUnavailable (at once while the circuit is open) says they are
+        still held, for the caller to try again."""
+        if decision.token is None:
+            return
+        admit(self.breaker)
         pipe = self.client.pipeline()
         for limit, members in decision.holding():
             pipe.zrem(base_key(self.prefix, limit), *members)
-        guard(pipe.execute)
+        with reporting(self.breaker):
+            guard(pipe.execute)
 
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another `period` from now: one call per
@@ -309,7 +320,9 @@ class ClusterEngine(Acquiring):
         """Tell every process that the policies changed; returns the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        return int(guard(lambda: self.client.incr(self.version_key)))
+        # INCR, from the server's clock when the key was lost (lua/version.lua)
+        bump: Any = getattr(self.client, "register_script")(version_source())  # noqa: B009
+        return int(guard(lambda: bump(keys=[self.version_key])))
 
     def counters(self, name: str, minute: int) -> dict[str, int]:
         """The a/r/w/o counts of one policy in one minute, this process's tally flushed
@@ -347,7 +360,14 @@ class ClusterEngine(Acquiring):
         guard(pipe.execute)
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
-        """Forget one client's state under one limit (current and previous windows)."""
+        """Forget one client's state under one limit (current and previous windows). A
+        leased limit keeps the units other processes' leases may still spend (see
+        `lease`)."""
+        if limit.batch is not None:
+            keys, args = encode_lease_reset(self.prefix, limit, now)
+            script = self._leases()
+            guard(lambda: script(keys=keys, args=args))
+            return
         key = base_key(self.prefix, limit)
 
         def now_us() -> int:
@@ -389,14 +409,19 @@ class ClusterEngine(Acquiring):
         """Return the unspent units of ended leases (see `RedisEngine.give_back`)."""
         return run_flow(self.leasing((), now, back), self.perform)[1] if back else 0
 
+    def _leases(self) -> Any:
+        """The lease script, registered on first use."""
+        if self._lease_script is None:
+            register: Any = getattr(self.client, "register_script")  # noqa: B009
+            self._lease_script = register(lease_source())
+        return self._lease_script
+
     def leasing(self, limits: Sequence[Limit], now: float | None, back: Sequence[Leftover]
                 ) -> Flow[tuple[list[Grant], int]]:
         """`lease()` as a flow (see `deciding`): the grants, and the units taken back."""
         if not limits and not back:
             return [], 0
-        if self._lease_script is None:
-            register: Any = getattr(self.client, "register_script")  # noqa: B009
-            self._lease_script = register(lease_source())
+        script = self._leases()
         keyslot = self.client.keyslot
         wanted: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (limits, give-backs)
         for i, item in enumerate(back):
@@ -409,7 +434,7 @@ class ClusterEngine(Acquiring):
             part = parts[slot] = ([limits[i] for i in mine], [back[i] for i in theirs])
             keys, args = encode_lease(self.prefix, *part, now)
             touched = [*part[0], *(b.limit for b in part[1])]
-            calls[slot] = SlotCall(self._lease_script, keys, args,
+            calls[slot] = SlotCall(script, keys, args,
                                    window_keys(self.prefix, touched, now))
         replies = yield from self.breaking(self.fanout.run(calls))
         grants: list[Grant | None] = [None] * len(limits)

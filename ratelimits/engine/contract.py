@@ -17,7 +17,7 @@ from typing import Any
 from ratelimits.engine import constants
 from ratelimits.engine.algorithms import LEARNED_ONLY
 from ratelimits.engine.keynames import base_key, cell, new_token, period_us, to_us
-from ratelimits.engine.lease import Grant, Leftover
+from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
@@ -39,6 +39,9 @@ CARRY_ARGS = ("kind", "name", "at", "what", "n")
 REPLY_HEAD = ("version", "admitted", "now_us")
 RESULT_FIELDS = ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
 
+#: A lease call's `want` for a key whose client is reset instead (see lua/lease.lua).
+LEASE_RESET = -1
+
 #: Values the script's constants are generated from (Lua name -> Python value).
 LUA_CONSTANTS: dict[str, int | float] = {
     "US": constants.US,
@@ -52,6 +55,8 @@ LUA_CONSTANTS: dict[str, int | float] = {
     "HEAD": len(HEAD_ARGS),
     "PER_LIMIT": len(LIMIT_ARGS),
     "CARRY": len(CARRY_ARGS),
+    "LEASE_US": to_us(LEASE_SECONDS),
+    "LEASE_RESET": LEASE_RESET,
 }
 
 _ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
@@ -263,11 +268,13 @@ def encode_renew(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]],
 # -- leases (lua/lease.lua) --------------------------------------------------------------
 
 #: ARGV per leased limit, after the one head value (now_us); KEYS: one base key each.
+#: `want` is the units to lease (0: only give back), or `LEASE_RESET` to reset the client;
+#: `back_epoch` is the epoch (resets of its window) of the grant the units come from.
 LEASE_ARGS = ("algorithm", "limit", "period_us", "cost", "want", "back_window", "back_units",
-              "field")
+              "field", "back_epoch")
 #: The lease script's reply: now_us, then per limit these values.
 LEASE_FIELDS = ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after",
-                "returned")
+                "returned", "epoch")
 
 
 def encode_lease(
@@ -280,28 +287,39 @@ def encode_lease(
     for item in back:
         key, field = cell(prefix, item.limit)
         keys.append(key)
-        args += _lease_args(item.limit, 0, item.window, item.units, field)
+        args += _lease_args(item.limit, 0, item.window, item.units, field, item.epoch)
     for limit in limits:
         if limit.batch is None:
             raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
         key, field = cell(prefix, limit)
         keys.append(key)
-        args += _lease_args(limit, limit.batch, "", 0, field)
+        args += _lease_args(limit, limit.batch, "", 0, field, "")
     return keys, args
 
 
+def encode_lease_reset(prefix: str, limit: Limit, now: float | None
+                       ) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the lease call that resets one client under a leased limit: its
+    count keeps only the units leases may still spend, and units leased before the reset
+    can no longer be given back (see lua/lease.lua)."""
+    key, field = cell(prefix, limit)
+    return [key], ["" if now is None else to_us(now),
+                   *_lease_args(limit, LEASE_RESET, "", 0, field, "")]
+
+
 def _lease_args(limit: Limit, want: int, window: int | str, units: int,
-                field: str) -> tuple[Any, ...]:
+                field: str, epoch: int | str) -> tuple[Any, ...]:
     values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units,
-              field)
+              field, epoch)
     assert len(values) == len(LEASE_ARGS)
     return values
 
 
 _LEASE_PER = len(LEASE_FIELDS)
-(_GRANTED, _WINDOW, _LEFT, _LEASE_RESET, _LEASE_RETRY, _ENDS, _RETURNED) = (
+(_GRANTED, _WINDOW, _LEFT, _LEASE_RESET_AFTER, _LEASE_RETRY, _ENDS, _RETURNED, _EPOCH) = (
     LEASE_FIELDS.index(f) for f in
-    ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after", "returned")
+    ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after", "returned",
+     "epoch")
 )
 
 
@@ -319,9 +337,10 @@ def decode_lease(
             units=int(reply[o + _GRANTED]),
             window=int(reply[o + _WINDOW]),
             remaining=int(reply[o + _LEFT]),
-            reset_after=int(reply[o + _LEASE_RESET]) / US,
+            reset_after=int(reply[o + _LEASE_RESET_AFTER]) / US,
             retry_after=int(reply[o + _LEASE_RETRY]) / US,
             ends_after=int(reply[o + _ENDS]) / US,
+            epoch=int(reply[o + _EPOCH]),
         ))
     return grants
 

@@ -9,6 +9,18 @@ dry is the price (at most `batch` units per process and limit).
 A lease ends when it is spent, when its window ends, or `LEASE_SECONDS` after it was
 taken, whichever comes first; its unspent units then go back to the store (taken back
 only while their window is still current). `Leases` is one process's book of them.
+
+A reset of a client (the admin's, `manage.py ratelimits reset`) cannot take back the
+units other processes hold: they will be spent, without a word to the store. So the
+reset of a leased limit does not empty the window's count; it keeps of it the units
+that leases taken within the last `LEASE_SECONDS` may still spend (the store keeps, per
+client and window, what it granted in the last two lease periods), and it starts a new
+epoch of the window: units of an earlier epoch can no longer be given back, as they are
+not in the count any more. What processes hold is then spent on top of a count that
+already holds it, and the window admits no more than its limit after the reset. A reset
+made twice `LEASE_SECONDS` or more after the client's last lease frees the whole window;
+one made sooner frees what was not leased since. (So a book's leases must last no
+longer than `LEASE_SECONDS`, the default of `Leases`.)
 """
 
 from __future__ import annotations
@@ -47,7 +59,8 @@ class Grant:
 
     `remaining`: units the window has left after the grant, for every process;
     `reset_after`, `retry_after` (0 when granted), `ends_after` (until the window ends,
-    the grant's last moment): seconds from the grant."""
+    the grant's last moment): seconds from the grant. `epoch`: the resets the client had
+    in that window; its units can be given back only in the same epoch."""
 
     limit: Limit
     units: int
@@ -56,15 +69,18 @@ class Grant:
     reset_after: float
     retry_after: float
     ends_after: float
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Leftover:
-    """Unspent units of an ended lease, to give back to window number `window`."""
+    """Unspent units of an ended lease, to give back to window number `window`, in the
+    epoch (resets of that window) they were granted in."""
 
     limit: Limit
     window: int
     units: int
+    epoch: int = 0
 
 
 class _Lease:
@@ -142,7 +158,8 @@ class Leases:
                 self._end(limit, old)
             if grant.units < limit.cost:
                 if grant.units:
-                    self._leftovers.append(Leftover(limit, grant.window, grant.units))
+                    self._leftovers.append(Leftover(limit, grant.window, grant.units,
+                                                    grant.epoch))
                 return None
             lease = self._leases[limit] = _Lease(grant, at, self.seconds)
             return self._reserve(limit, lease, at)
@@ -173,7 +190,8 @@ class Leases:
                 lease.units = hold.limit.cost
                 self._leases[hold.limit] = lease
             else:
-                self._leftovers.append(Leftover(hold.limit, hold.window, hold.limit.cost))
+                self._leftovers.append(Leftover(hold.limit, hold.window, hold.limit.cost,
+                                                lease.grant.epoch))
 
     def leftovers(self) -> list[Leftover]:
         """The units of ended leases not yet given back; the caller sends them with its
@@ -200,7 +218,7 @@ class Leases:
 
     def forget(self, limit: Limit) -> None:
         """Drop the leases of one client under one policy, giving nothing back (after an
-        admin reset: the window they were charged to is gone)."""
+        admin reset: their epoch of the window is over, the store would refuse them)."""
         self._fork_check()
         with self._lock:
             for leased in [x for x in self._leases if (x.name, x.key) == (limit.name, limit.key)]:
@@ -219,7 +237,8 @@ class Leases:
         del self._leases[limit]
         lease.ended = True
         if lease.units:
-            self._leftovers.append(Leftover(limit, lease.grant.window, lease.units))
+            self._leftovers.append(Leftover(limit, lease.grant.window, lease.units,
+                                            lease.grant.epoch))
             lease.units = 0
 
     def _sweep(self, at: float) -> None:

@@ -28,6 +28,7 @@ import contextlib
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,41 +45,52 @@ __all__ = ["HOLD", "DenyCache", "LocalFirst"]
 #: A remembered refusal is trusted at most this long (seconds): the bound on how late an
 #: edit, a reset or another process's refund is seen by a process that stopped asking.
 HOLD = 1.0
-#: Clients remembered at most, per process; past it the expired ones go, then all.
-MAX_REMEMBERED = 100_000
+#: Refusals remembered at most, per process (about 500 bytes each: 5 MB). Past it the
+#: oldest goes: under a flood of distinct clients the cache keeps the newest refusals,
+#: those most likely to be asked about again within `HOLD`.
+MAX_REMEMBERED = 10_000
 
 
 class DenyCache:
     """Refusals, remembered until their retry time or `hold` seconds, whichever comes
-    first. Thread-safe; times are the caller's (seconds).
+    first, at most `size` of them. Thread-safe; times are the caller's (seconds).
 
     An enforced refusal answers the next requests of its client alone; a shadow one is
     only reported beside it. A concurrency limit is never remembered: a held slot can be
-    released at any moment, so its refusal has no retry time to trust."""
+    released at any moment, so its refusal has no retry time to trust.
+
+    The entries are kept in the order they were learnt, which is (but for threads racing
+    by microseconds) the order they expire in: each `learn()` first drops the expired ones
+    from the oldest end, so an entry is gone at most `hold` after it expired, however many
+    distinct clients come and go, and the cost is constant per entry."""
 
     def __init__(self, hold: float = HOLD, size: int = MAX_REMEMBERED) -> None:
         self.hold = hold
         self.size = size
         self._lock = threading.Lock()
-        # limit -> (trusted until, retry at, reset at)
-        self._refused: dict[Limit, tuple[float, float, float]] = {}
+        # limit -> (trusted until, retry at, reset at), the oldest learnt first
+        self._refused: OrderedDict[Limit, tuple[float, float, float]] = OrderedDict()
 
     def learn(self, decision: Decision, at: float) -> None:
         """Remember the enforced refusals of a decision the store made at `at`."""
         if decision.allowed:
             return
-        for result in decision.results:
-            # a shadow limit's would-be refusal is remembered too, to be reported as such
-            # beside an enforced one (alone it never answers a request)
-            if result.allowed or result.limit.spec.holds_slots:
-                continue
-            retry_at = at + result.retry_after
-            entry = (at + min(result.retry_after, self.hold), retry_at,
-                     at + max(result.reset_after, result.retry_after))
-            with self._lock:
-                if len(self._refused) >= self.size:
-                    self._prune(at)
-                self._refused[result.limit] = entry
+        with self._lock:
+            self._expire(at)
+            refused = self._refused
+            for result in decision.results:
+                # a shadow limit's would-be refusal is remembered too, to be reported as
+                # such beside an enforced one (alone it never answers a request)
+                if result.allowed or result.limit.spec.holds_slots:
+                    continue
+                retry_at = at + result.retry_after
+                entry = (at + min(result.retry_after, self.hold), retry_at,
+                         at + max(result.reset_after, result.retry_after))
+                if result.limit in refused:
+                    refused.move_to_end(result.limit)  # learnt again: the newest now
+                elif len(refused) >= self.size:
+                    refused.popitem(last=False)  # full: the oldest goes
+                refused[result.limit] = entry
 
     def answer(self, limits: Sequence[Limit], at: float) -> Decision | None:
         """The refusal of `limits` at `at` if one of them is remembered, else None."""
@@ -130,12 +142,14 @@ class DenyCache:
     def __len__(self) -> int:
         return len(self._refused)
 
-    def _prune(self, at: float) -> None:
-        expired = [k for k, entry in self._refused.items() if entry[0] <= at]
-        for k in expired:
-            del self._refused[k]
-        if len(self._refused) >= self.size:  # a flood of distinct clients: start afresh
-            self._refused.clear()
+    def _expire(self, at: float) -> None:
+        """Drop the expired entries at the oldest end (the lock held)."""
+        refused = self._refused
+        while refused:
+            oldest, entry = next(iter(refused.items()))
+            if entry[0] > at:
+                return
+            del refused[oldest]
 
 
 def _same_client(a: Limit, b: Limit) -> bool:
@@ -229,7 +243,7 @@ class LocalFirst(Acquiring):
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit, here and in the store."""
         self.denied.forget(limit)
-        self.leases.forget(limit)  # charged to the window the reset forgets
+        self.leases.forget(limit)  # the store's reset voids their give-back (see lease)
         self.store.reset(limit, now)
 
     def forget_figures(self, name: str, now: float | None = None) -> None:

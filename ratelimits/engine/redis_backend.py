@@ -23,6 +23,7 @@ from ratelimits.engine.contract import (
     decode_lease,
     encode,
     encode_lease,
+    encode_lease_reset,
     encode_renew,
     returned_units,
 )
@@ -48,6 +49,7 @@ from ratelimits.engine.scripts import (
     lease_source,
     offend_source,
     renew_source,
+    version_source,
 )
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.transport import (
@@ -201,15 +203,15 @@ class RedisEngine(Acquiring):
         run_flow(self.releasing(decision), self.perform)
 
     def releasing(self, decision: Decision) -> Flow[None]:
-        """`release()` as a flow (see `deciding`)."""
-        if decision.token is None or (self.breaker and self.breaker.state != "closed"):
-            return  # the slots expire by themselves after their period
+        """`release()` as a flow (see `deciding`), behind the circuit breaker like any
+        call: while the store is out of reach it raises EngineUnavailable (at once while
+        the circuit is open), so the caller knows the slots are still held and may try
+        again (the pipeline's watchdog does)."""
+        if decision.token is None:
+            return
         zrems = (("ZREM", base_key(self.prefix, limit), *members)
                  for limit, members in decision.holding())
-        try:
-            replies = yield Pipelined(*zrems)
-        except UNAVAILABLE_ERRORS as exc:
-            raise EngineUnavailable(str(exc)) from exc
+        replies = yield from guarded(self.breaker, _sent(Pipelined(*zrems)))
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
@@ -218,8 +220,8 @@ class RedisEngine(Acquiring):
         """Tell every process that the policies changed; returns the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        try:
-            return int(self.client.incr(self.version_key))
+        try:  # INCR, from the server's clock when the key was lost (lua/version.lua)
+            return int(self.client.register_script(version_source())(keys=[self.version_key]))
         except UNAVAILABLE_ERRORS as exc:
             raise EngineUnavailable(str(exc)) from exc
 
@@ -311,7 +313,13 @@ class RedisEngine(Acquiring):
             self.tally.flush()
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
-        """Forget one client's state under one limit (current and previous windows)."""
+        """Forget one client's state under one limit (current and previous windows). A
+        leased limit keeps the units other processes' leases may still spend (see
+        `lease`)."""
+        if limit.batch is not None:
+            keys, args = encode_lease_reset(self.prefix, limit, now)
+            run_flow(guarded(self.breaker, lease_script().call(keys, args)), self.perform)
+            return
         keys, cells = stored_state(self.prefix, limit, lambda: self._now_us(now))
         pipe = self.client.pipeline(transaction=False)
         if keys:
@@ -399,6 +407,11 @@ class RedisEngine(Acquiring):
                     now: float | None) -> Flow[Any]:
         keys, args = encode_lease(self.prefix, limits, back, now)
         return (yield from guarded(self.breaker, lease_script().call(keys, args)))
+
+
+def _sent(need: Pipelined) -> Flow[Any]:
+    """A flow of one round trip: `need`'s replies."""
+    return (yield need)
 
 
 def _text(raw: bytes | str) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "refund_source",
     "renew_source",
     "slot_source",
+    "version_source",
 ]
 
 
@@ -179,3 +180,10 @@ def lease_source() -> str:
             (lua / "lease.lua").read_text("utf-8"),
         )
     )
+
+
+@lru_cache(maxsize=1)
+def version_source() -> str:
+    """The script that bumps the policy version, never to a number handed out before
+    (see lua/version.lua)."""
+    return (resources.files("ratelimits.engine") / "lua" / "version.lua").read_text("utf-8")

@@ -12,6 +12,17 @@ otherwise the tally hands them to its engine's `send` `FLUSH_EVERY` seconds afte
 first one, from a background thread, so a request never waits for it and a process that
 goes quiet still sends its last counts. A failed send puts the counts back for the next
 one.
+
+What waits stays bounded however long the store is away (an outage, or refusals of
+rotating clients between two flushes): each policy-hour keeps at most `OFFENDERS_CAP`
+offenders, ranked as the store ranks them (Space-Saving: a newcomer to a full list takes
+the place of the least refused and inherits its count as its error, and only what a
+client certainly earned, count less error, is sent, so rotating keys inflate nobody);
+and counts older than the store keeps them are dropped. Nor is what waits ever sent in
+one huge call: a decision call carries at most `CARRY_MOST` counts, a flush sends
+`SEND_MOST` per round trip, both a few milliseconds of the server's time, well within a
+socket timeout; and after a send failed no call carries counts for `every` seconds,
+so a store that fails them never makes the requests slow.
 """
 
 from __future__ import annotations
@@ -26,14 +37,25 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from ratelimits.engine.constants import OFFENDER_CHARS, US
+from ratelimits.engine.constants import (
+    OFFENDER_CHARS,
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
+    STATS_TTL,
+    US,
+)
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.types import Decision, Outcome
 
-__all__ = ["FLUSH_EVERY", "Counts", "Tally", "discard_all"]
+__all__ = ["CARRY_MOST", "FLUSH_EVERY", "SEND_MOST", "Counts", "Tally", "discard_all"]
 
 #: Tallied counters and offenders reach the store at most this late (seconds).
 FLUSH_EVERY = 1.0
+#: Counts (a counter's field, an offender) a decision call carries at most, and a flush
+#: sends per round trip at most. An offender costs the server a few microseconds: a
+#: carried slice adds about a millisecond to its call, a flush's round trip some ten.
+CARRY_MOST = 200
+SEND_MOST = 2_000
 
 #: (policy name, minute) -> counter field -> n, or (policy name, hour) -> who -> n.
 Counts = dict[tuple[str, int], dict[str, int]]
@@ -42,6 +64,9 @@ Counts = dict[tuple[str, int], dict[str, int]]
 Send = Callable[[Counts, Counts], None]
 
 _REFUSED = (Outcome.REJECTED.value, Outcome.WOULD_REJECT.value)
+#: How old (minutes, hours) a count may be before the store would no longer keep it.
+_MINUTES_KEPT = STATS_TTL // 60
+_HOURS_KEPT = OFFENDERS_TTL // 3600
 
 
 class Tally:
@@ -52,12 +77,16 @@ class Tally:
         self.every = every
         self._lock = threading.Lock()
         self._counts: Counts = {}
+        #: each policy-hour's offenders (counts with what they inherited), and the
+        #: inherited part: their errors (only for those that have one)
         self._offenders: Counts = {}
+        self._errors: Counts = {}
         self._flushing = False
         #: Held from taking the counts to sending them, so `discard()` returns only once
         #: a flush in the background thread has delivered what it took.
         self._sending = threading.Lock()
         self._first = 0.0  # monotonic time of the oldest count not yet taken
+        self._quiet_until = 0.0  # after a failed send: no call carries counts until then
         self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
@@ -79,9 +108,7 @@ class Tally:
                 counts = self._counts.setdefault((name, minute), {})
                 counts[field] = counts.get(field, 0) + 1
                 if field in _REFUSED:
-                    who = result.limit.key[:OFFENDER_CHARS]
-                    offenders = self._offenders.setdefault((name, hour), {})
-                    offenders[who] = offenders.get(who, 0) + 1
+                    self._offend((name, hour), result.limit.key[:OFFENDER_CHARS], 1)
             schedule = self._schedule()
         if schedule:
             self._executor().submit(self._flush_quietly, self.every)
@@ -99,12 +126,31 @@ class Tally:
         if schedule:
             self._executor().submit(self._flush_quietly, self.every)
 
+    def _offend(self, key: tuple[str, int], who: str, n: int) -> None:
+        """Add `n` refusals of `who` to one policy-hour's offenders (the lock held), as
+        the store's `offend()` (lua/prelude.lua) does: at most `OFFENDERS_CAP` of them."""
+        top = self._offenders.setdefault(key, {})
+        if who in top:
+            top[who] += n
+            return
+        floor = 0
+        if len(top) >= OFFENDERS_CAP:
+            evicted = min(top, key=top.__getitem__)
+            floor = top.pop(evicted)
+            errors = self._errors.get(key)
+            if errors is not None:
+                errors.pop(evicted, None)
+        top[who] = floor + n
+        if floor:
+            self._errors.setdefault(key, {})[who] = floor
+
     def _starting(self) -> None:
         """Before counting (the lock held): a forked child starts empty, and the first
         count starts the clock of `due()`."""
         if self._pid != os.getpid():  # a forked child: the parent sends its own counts
             self._pid = os.getpid()
-            self._counts, self._offenders, self._flushing = {}, {}, False
+            self._counts, self._offenders, self._errors = {}, {}, {}
+            self._flushing, self._quiet_until = False, 0.0
         if not self._counts and not self._offenders:
             self._first = time.monotonic()
 
@@ -122,41 +168,72 @@ class Tally:
         with self._lock:
             return bool(self._counts or self._offenders)
 
-    def due(self) -> bool:
-        """Whether a call should carry the counts now: some are half `every` old. A
-        busy process so sends them about twice a second, on calls it makes anyway."""
+    def __len__(self) -> int:
+        """How many counts wait to be sent: counter fields and offenders."""
         with self._lock:
-            return bool(self._counts or self._offenders) and \
-                time.monotonic() - self._first >= self.every / 2
+            return sum(map(len, self._counts.values())) + sum(map(len, self._offenders.values()))
 
-    def take(self) -> tuple[Counts, Counts]:
-        """What is tallied, for a call that sends it; `restore()` it if the call fails."""
+    def due(self) -> bool:
+        """Whether a call should carry the counts now: some are half `every` old, and no
+        send failed within `every`. A busy process so sends them about twice a second,
+        on calls it makes anyway."""
         with self._lock:
-            counts, self._counts = self._counts, {}
-            offenders, self._offenders = self._offenders, {}
+            now = time.monotonic()
+            return bool(self._counts or self._offenders) and \
+                now - self._first >= self.every / 2 and now >= self._quiet_until
+
+    def take(self, most: int = CARRY_MOST) -> tuple[Counts, Counts]:
+        """The oldest tallied counts, about `most` of them (whole policy-minutes and
+        policy-hours), for a call that sends them; `restore()` them if the call fails.
+        Offenders come as the refusals each certainly had (count less error)."""
+        with self._lock:
+            counts: Counts = {}
+            offenders: Counts = {}
+            budget = most
+            while self._counts and budget > 0:
+                key = next(iter(self._counts))
+                fields = counts[key] = self._counts.pop(key)
+                budget -= len(fields)
+            while self._offenders and budget > 0:
+                key = next(iter(self._offenders))
+                top = self._offenders.pop(key)
+                errors = self._errors.pop(key, {})
+                sure = {who: n - errors.get(who, 0) for who, n in top.items()
+                        if n > errors.get(who, 0)}
+                if sure:
+                    offenders[key] = sure
+                budget -= len(top)
         return counts, offenders
 
     def restore(self, counts: Counts, offenders: Counts) -> None:
-        """Put back what `take()` returned and could not be sent."""
+        """Put back what `take()` returned and could not be sent; no call carries counts
+        for `every` seconds then (the background flush tries again)."""
         self._restore(counts, offenders)
 
     def flush(self) -> None:
-        """Send what is tallied now. On failure it stays tallied and EngineError is raised."""
+        """Send what is tallied now, `SEND_MOST` counts per round trip. On failure what
+        was not sent stays tallied and EngineError is raised."""
         with self._sending:
-            counts, offenders = self.take()
             try:
-                if counts or offenders:
-                    self._send(counts, offenders)
-            except EngineError:
-                self._restore(counts, offenders)
-                raise
+                # what is tallied now, and no more: counts that keep arriving wait for
+                # the next flush, so that this one ends
+                rounds = 1 + len(self) // SEND_MOST
+                for _ in range(rounds):
+                    counts, offenders = self.take(SEND_MOST)
+                    if not counts and not offenders:
+                        break
+                    try:
+                        self._send(counts, offenders)
+                    except EngineError:
+                        self._restore(counts, offenders)
+                        raise
             finally:
                 self._flushing = False
 
     def discard(self) -> None:
         """Drop what is tallied and not sent yet (a send in progress ends first)."""
         with self._sending, self._lock:
-            self._counts, self._offenders = {}, {}
+            self._counts, self._offenders, self._errors = {}, {}, {}
 
     def close(self) -> None:
         """Flush what is tallied and stop the background thread (also run at exit)."""
@@ -175,11 +252,30 @@ class Tally:
 
     def _restore(self, counts: Counts, offenders: Counts) -> None:
         with self._lock:
-            for tally, back in ((self._counts, counts), (self._offenders, offenders)):
-                for k, fields in back.items():
-                    mine = tally.setdefault(k, {})
-                    for f, n in fields.items():
-                        mine[f] = mine.get(f, 0) + n
+            self._quiet_until = time.monotonic() + self.every
+            if not self._counts and not self._offenders:
+                self._first = time.monotonic()
+            for key, fields in counts.items():
+                mine = self._counts.setdefault(key, {})
+                for field, n in fields.items():
+                    mine[field] = mine.get(field, 0) + n
+            for key, whos in offenders.items():
+                for who, n in whos.items():
+                    self._offend(key, who, n)
+            self._drop_expired()
+
+    def _drop_expired(self) -> None:
+        """Drop the counts the store would no longer keep (the lock held): those older
+        than `STATS_TTL`, offenders older than `OFFENDERS_TTL`, by the newest tallied."""
+        if self._counts:
+            newest = max(minute for _, minute in self._counts)
+            for key in [k for k in self._counts if k[1] < newest - _MINUTES_KEPT]:
+                del self._counts[key]
+        if self._offenders:
+            newest = max(hour for _, hour in self._offenders)
+            for key in [k for k in self._offenders if k[1] < newest - _HOURS_KEPT]:
+                del self._offenders[key]
+                self._errors.pop(key, None)
 
     def _executor(self) -> ThreadPoolExecutor:
         # the flush runs beside requests, not in front of one; threads do not survive fork

@@ -132,8 +132,8 @@ def test_a_script_the_nodes_lost_is_loaded_again(client, loop):
 
 def test_read_version_and_release_are_awaited_too(client, loop):
     _, aio = twins(client)
-    aio.twin.bump_version()
-    assert loop.run_until_complete(aio.read_version()) == 1
+    version = aio.twin.bump_version()
+    assert loop.run_until_complete(aio.read_version()) == version
     slots = Limit("c", "concurrency", 1, 60, name="slots")
     held = loop.run_until_complete(aio.evaluate([slots], now=T0))
     assert held.allowed and held.token

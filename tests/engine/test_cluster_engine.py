@@ -193,9 +193,10 @@ def test_counters_and_offenders_are_tallied_and_flushed(client, engine):
 def test_a_version_bump_is_seen_by_the_next_request(client, engine):
     limit = Limit("ip:1", "fixed_window", 5, 60, name="p")
     assert engine.evaluate([limit], now=T0).version == 0
-    assert engine.bump_version() == 1
-    assert engine.evaluate([limit], now=T0).version == 1
-    assert engine.evaluate([], now=T0).version == 1
+    version = engine.bump_version()
+    assert version > 0
+    assert engine.evaluate([limit], now=T0).version == version
+    assert engine.evaluate([], now=T0).version == version
 
 
 def test_lost_scripts_are_loaded_again(client, engine):

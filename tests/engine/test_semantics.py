@@ -115,8 +115,9 @@ def test_cost_above_capacity_is_refused_up_front(kwargs, message):
 def test_no_limits_is_admitted_and_reports_the_version(engine):
     decision = engine.evaluate([], now=T0)
     assert decision.allowed and decision.results == () and decision.version == 0
-    assert engine.bump_version() == 1
-    assert engine.evaluate([], now=T0).version == 1
+    version = engine.bump_version()
+    assert version > 0
+    assert engine.evaluate([], now=T0).version == version
 
 
 def test_concurrency_release_frees_the_slot(engine):

@@ -23,10 +23,56 @@
 -- that but spent after it would be undercounted, so a grant ends with its window (never
 -- at the estimate's "reset", which lies a period later).
 --
+-- Resets (want = LEASE_RESET, an admin's or the CLI's reset of the client): the units
+-- other processes hold cannot be called back, and they will be spent. So the reset keeps
+-- in the count what leases may still spend, and voids what it cannot keep track of. Each
+-- client's window records what it granted in the last two lease periods (field
+-- <field>:l of the window's hash: "b:n:p:e", n units granted in period b = now //
+-- LEASE_US, p in period b - 1, e the window's epoch). A lease lasts at most LEASE_US, so
+-- the leases that may still spend at a reset were granted in this period or the one
+-- before: the count becomes min(count, what they were granted), the previous window's
+-- count goes (its leases ended with it), and the epoch moves on. A give-back must name
+-- the epoch its grant was made in: units leased before a reset come back to nothing (the
+-- reset already left them out, or counted them as spent).
+--
 -- Returns {now_us, then per key LEASE_FIELDS: granted, window, remaining (units the
 -- window has left after the grant), reset_after (µs, as the algorithm reports it),
 -- retry_after (µs until `cost` units could be granted; 0 when granted), ends_after (µs
--- until the window ends: the grant's last moment), returned (units given back)}.
+-- until the window ends: the grant's last moment), returned (units given back), epoch
+-- (of the window, for a give-back of the grant)}.
+local function record_of(k, lf)
+  local raw = redis.call('HGET', k, lf)
+  if not raw then return nil end
+  local b, n, p, e = string.match(raw, '^(%-?%d+):(%d+):(%d+):(%d+)$')
+  return {tonumber(b), tonumber(n), tonumber(p), tonumber(e)}
+end
+
+local function store_record(k, lf, r)
+  redis.call('HSET', k, lf, string.format('%d:%d:%d:%d', r[1], r[2], r[3], r[4]))
+end
+
+-- Units granted in the lease periods whose leases may still run at period b.
+local function live(r, b)
+  if r[1] >= b then return r[2] + r[3] end
+  if r[1] == b - 1 then return r[2] end
+  return 0
+end
+
+-- Record a grant of g units in lease period b (the record may lag behind b; a grant
+-- timed before the record's period, on a clock behind another's, counts in its period).
+local function granting(k, lf, r, b, g)
+  r = r or {b, 0, 0, 0}
+  if r[1] == b or r[1] > b then
+    r[2] = r[2] + g
+  elseif r[1] == b - 1 then
+    r[1], r[2], r[3] = b, g, r[2]
+  else
+    r[1], r[2], r[3] = b, g, 0
+  end
+  store_record(k, lf, r)
+  return r
+end
+
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -43,6 +89,7 @@ for i = 1, #KEYS do
   local back_window = tonumber(ARGV[o + LEASE_BACK_WINDOW])
   local back = tonumber(ARGV[o + LEASE_BACK_UNITS]) or 0
   local f = ARGV[o + LEASE_FIELD]
+  local back_epoch = tonumber(ARGV[o + LEASE_BACK_EPOCH])
   if algorithm ~= 'fixed_window' and algorithm ~= 'sliding_window' then
     error('a lease needs fixed_window or sliding_window, not ' .. tostring(algorithm))
   end
@@ -50,8 +97,28 @@ for i = 1, #KEYS do
   local elapsed = now - win * P
   local k = KEYS[i] .. ':' .. fmt(win)
   local cur = tonumber(redis.call('HGET', k, f)) or 0
+  local lf = f .. ':l'
+  local record = record_of(k, lf)
+  local epoch = record and record[4] or 0
+  local period = math.floor(now / LEASE_US)
+  if want == LEASE_RESET then
+    local prev = KEYS[i] .. ':' .. fmt(win - 1)
+    redis.call('HDEL', prev, f, lf)
+    if record then
+      local kept = math.min(cur, live(record, period))
+      if kept > 0 then redis.call('HSET', k, f, kept) else redis.call('HDEL', k, f) end
+      cur = kept
+      epoch = epoch + 1
+      record[4] = epoch
+      store_record(k, lf, record)
+    else  -- nothing leased in this window: nothing can be spent from it any more
+      redis.call('HDEL', k, f)
+      cur = 0
+    end
+    want = 0
+  end
   local returned = 0
-  if back > 0 and back_window == win and cur > 0 then
+  if back > 0 and back_window == win and back_epoch == epoch and cur > 0 then
     returned = math.min(back, cur)
     cur = cur - returned
     redis.call('HINCRBY', k, f, -returned)  -- the hash keeps its expiry
@@ -66,6 +133,7 @@ for i = 1, #KEYS do
       if redis.call('HINCRBY', k, f, granted) == granted then
         redis.call('PEXPIRE', k, ttl_ms(reset))
       end
+      record = granting(k, lf, record, period, granted)
     elseif want > 0 then
       retry = reset
     end
@@ -81,6 +149,7 @@ for i = 1, #KEYS do
       if redis.call('HINCRBY', k, f, granted) == granted then
         redis.call('PEXPIRE', k, ttl_ms(2 * P - elapsed))
       end
+      record = granting(k, lf, record, period, granted)
       reset = 2 * P - elapsed
     else
       if want > 0 then
@@ -92,7 +161,7 @@ for i = 1, #KEYS do
     remaining = floor0(L - est - granted)
   end
   local j = #out
-  out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6], out[j + 7] =
-    granted, win, remaining, reset, retry, ends, returned
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6], out[j + 7],
+    out[j + 8] = granted, win, remaining, reset, retry, ends, returned, epoch
 end
 return out
