@@ -7,8 +7,11 @@ ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
 ratelimits.W001  the cache is not Redis (and REDIS_URL is unset): limits are per process
 ratelimits.W002  neither the middleware nor the DRF throttle is installed
 ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not installed
-ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator can be
-                 locked out of the admin that would undo it (a database check)
+ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator it refuses
+                 may be kept from signing in (or, with LIMIT_ADMIN, from the whole admin)
+                 to undo it (a database check)
+ratelimits.W005  an enforced policy makes requests wait for their turn: a worker that
+                 serves one request at a time refuses them instead (a database check)
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
@@ -182,16 +185,32 @@ def locks_out_admin(policy: Any, admin_url: str) -> bool:
 
 #: What to do about a policy that `locks_out_admin`.
 LOCKOUT_HINT = (
-    "Narrow its path so it leaves the admin out, limit it to the methods that matter "
-    "(e.g. POST), or spare staff with an override or RATELIMITS['EXEMPT']. Locked out: "
+    "Narrow its path so it leaves the admin out, or limit it to the methods that matter "
+    "(e.g. POST). Signed-in staff pass unless RATELIMITS['LIMIT_ADMIN'] is True (then "
+    "spare them with an override or RATELIMITS['EXEMPT']). Locked out: "
     "`manage.py ratelimits reset` forgets a client's count."
 )
 
 
+def limits_admin() -> bool:
+    """`RATELIMITS["LIMIT_ADMIN"]`, or its default when the settings are invalid (E001
+    says so)."""
+    try:
+        return bool(build_config(getattr(settings, "RATELIMITS", None))["LIMIT_ADMIN"])
+    except ImproperlyConfigured:
+        return False
+
+
 def lockout_message(policy: Any, admin_url: str) -> str:
-    return (f"The enforced policy {policy.name!r} (path {policy.path!r}) limits GET requests "
-            f"to the admin ({admin_url}): once it refuses you, you cannot open the admin to "
-            "change it.")
+    head = (f"The enforced policy {policy.name!r} (path {policy.path!r}) limits GET requests "
+            f"to the admin ({admin_url})")
+    if limits_admin():
+        return (f"{head}, its staff included (RATELIMITS['LIMIT_ADMIN'] is True): once it "
+                "refuses you, you cannot open the admin to change it.")
+    # signed-in staff pass (pipeline.routing.admin_lets_in); the login page does not
+    return (f"{head} for everyone but its signed-in staff (RATELIMITS['LIMIT_ADMIN'] is "
+            "False): an operator who is signed out, once refused, may be kept from signing "
+            "in to change it.")
 
 
 @checks.register(checks.Tags.database)
@@ -218,4 +237,48 @@ def check_admin_lockout(
                        id="ratelimits.W004")
         for policy in policies
         if locks_out_admin(policy, url)
+    ]
+
+
+#: What to do about a policy that `makes_requests_wait`.
+WAIT_HINT = (
+    "Serve with threads (gunicorn -k gthread --threads N) or ASGI (uvicorn) for such "
+    "requests to wait. Already threaded or async: silence ratelimits.W005."
+)
+
+
+def makes_requests_wait(policy: Any) -> bool:
+    """Whether an enforced policy admits a request early, to wait for its turn (a leaky
+    bucket's queue, a `max_wait`)."""
+    from ratelimits.models import Mode  # not at the top: see locks_out_admin
+    from ratelimits.pipeline.waiting import may_delay
+
+    return bool(policy.mode == Mode.ENFORCE) and may_delay(policy.as_limit("client"))
+
+
+@checks.register(checks.Tags.database)
+def check_waiting_on_sync_workers(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Enforced policies that `makes_requests_wait`: on a worker that serves one request
+    at a time their waits would hold the whole worker, so there (pipeline.waiting) such a
+    request is refused with its Retry-After. A database check, as W004 is."""
+    if not databases:
+        return []
+    from ratelimits.models import Mode, Policy
+
+    try:
+        policies = list(Policy.objects.filter(mode=Mode.ENFORCE))
+    except DatabaseError:
+        return []  # not migrated yet
+    return [
+        checks.Warning(
+            f"The enforced policy {policy.name!r} makes requests wait for their turn. A "
+            "worker that serves one request at a time (gunicorn's default sync worker, "
+            "uWSGI without threads: wsgi.multithread is False) would be held whole by "
+            "such a wait, so there a request whose turn is not now is refused at once "
+            "with its Retry-After, charged nothing.",
+            hint=WAIT_HINT, obj=policy, id="ratelimits.W005")
+        for policy in policies
+        if makes_requests_wait(policy)
     ]

@@ -132,6 +132,10 @@ SETTINGS: dict[str, Setting] = {
     "EXEMPT": Setting(None, _optional_dotted_path),
     # `tier(request) -> str | None`, e.g. the user's plan: `tier:<name>` overrides apply.
     "TIER": Setting(None, _optional_dotted_path),
+    # False: the requests an admin site serves to its own users (signed-in staff), its
+    # login page aside, are left alone by every policy, so no policy locks its operators
+    # out of the admin that would undo it. True: the admin is limited like any path.
+    "LIMIT_ADMIN": Setting(False, _boolean),
     # The engine's own Redis timeouts, independent of the cache's: a limiter must answer
     # fast or step aside (policies then follow their on_error).
     "SOCKET_TIMEOUT": Setting(0.1, _timeout),

@@ -76,6 +76,19 @@ def name_error(name: object) -> str | None:
     return None
 
 
+def rollout_error(key: str, rollout: object) -> str | None:
+    """What is wrong with a rollout for a policy with this key, or None. A `global` key
+    counts every request as one client: its one draw would enforce the policy for
+    everyone or for no one, whatever the percentage."""
+    if not isinstance(rollout, int) or rollout >= 100 or (key or "").strip() != "global":
+        return None
+    return (f"A global key counts every request as one client, so a rollout enforces the "
+            f"policy for everyone or for no one, never for {rollout}% of requests. Set "
+            "rollout to 100. To try the policy first, keep it in shadow and watch what it "
+            "would refuse, or enforce it with a higher limit and lower it step by step; "
+            "for a share of clients, count per client (ip, user, user_or_ip).")
+
+
 def split_methods(value: str) -> list[str]:
     """`"get, Post"` -> `["GET", "POST"]`; empty means every method."""
     return [m.strip().upper() for m in value.split(",") if m.strip()]
@@ -293,6 +306,9 @@ class Policy(models.Model):
         except ValueError as exc:
             add("path", str(exc))
 
+        error = rollout_error(self.key, self.rollout)
+        if error is not None:
+            add("rollout", error)
         self._check_learned(add)
         if (self.batch is not None and self.counting == Counting.PER_PROCESS
                 and self.algorithm not in LEARNED_ALGORITHMS):

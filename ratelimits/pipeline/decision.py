@@ -1,7 +1,8 @@
 """The decision on one request, written once as a flow (see `drivers`).
 
 It picks the policies for the request's scopes from the snapshot (resolver), identifies
-the client (plan), has the in-process engines and the store decide them (layers), and,
+the client (plan), takes a place in the waiting room when a policy may delay it
+(waiting), has the in-process engines and the store decide them (layers), and,
 when the store's reply says another process changed the policies, decides the ones this
 request has not met yet on the newer snapshot (version). What was charged is recorded in
 the request's state, so a policy charges a request at most once however many glue layers
@@ -23,9 +24,15 @@ from ratelimits.pipeline.layers import decide_planned
 from ratelimits.pipeline.outage import UNREACHED
 from ratelimits.pipeline.plan import plan
 from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
-from ratelimits.pipeline.routing import is_exempt, redirects_with_slash
+from ratelimits.pipeline.routing import (
+    admin_lets_in,
+    is_exempt,
+    redirects_with_slash,
+    under_admin,
+)
 from ratelimits.pipeline.state import RequestState, http_request, process, state_for
 from ratelimits.pipeline.version import newer_snapshot
+from ratelimits.pipeline.waiting import seat, settle, vacate
 
 
 def decide_flow(
@@ -46,8 +53,9 @@ def decide_flow(
 
 
 def _left_alone(ctx: Context) -> Steps:
-    """Whether no policy looks at this request: `EXEMPT` exempts it, or CommonMiddleware
-    redirects it to its path with a slash (the redirected request is the one charged)."""
+    """Whether no policy looks at this request: `EXEMPT` exempts it, CommonMiddleware
+    redirects it to its path with a slash (the redirected request is the one charged), or
+    it is an admin page asked for by a user the admin lets in (unless `LIMIT_ADMIN`)."""
     state, base = ctx.state, ctx.base
     if state.exempt is None and ctx.config["EXEMPT"]:
         yield Blocking(is_exempt, base, state, ctx.config)
@@ -56,6 +64,11 @@ def _left_alone(ctx: Context) -> Steps:
     if state.path is None:
         state.path = normalize_path(base.path_info)
         if not base.path_info.endswith("/") and redirects_with_slash(base):
+            state.exempt = True
+            return True
+        if not ctx.config["LIMIT_ADMIN"] and under_admin(base) and (
+            yield Blocking(admin_lets_in, base)
+        ):
             state.exempt = True
             return True
     return False
@@ -80,8 +93,14 @@ def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps
     if not policies:
         return (yield from _none_match(ctx, snap, second_pass))
     planned, failed = yield from _plan(ctx, snap, policies)
+    planned, place = seat(ctx, planned)  # a place to wait in, taken before any turn is
     state.charged.update(p.id for p in policies)
-    verdict, decision = yield from decide_planned(ctx, planned, failed)
+    try:
+        verdict, decision = yield from decide_planned(ctx, planned, failed)
+    except BaseException:  # a cancelled task too (the driver throws it in here)
+        vacate(place)
+        raise
+    settle(state, place, verdict)
     if decision is UNREACHED:
         return verdict  # the store is out of reach: the version waits for it
     state.version_seen = True

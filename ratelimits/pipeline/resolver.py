@@ -17,6 +17,7 @@ waits for at most.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import threading
@@ -24,10 +25,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.signals import setting_changed
 from django.db.models import Count, Max, Subquery, Value
 from django.dispatch import receiver
+from django.utils.crypto import salted_hmac
 
 from ratelimits import runtime
 from ratelimits.conf import get_config
@@ -88,10 +91,25 @@ def _fingerprint_of(*tables: list[Any]) -> Fingerprint:
 
 def in_rollout(name: str, identity: str, rollout: int) -> bool:
     """Whether a policy rolled out to `rollout` percent of clients is enforced for this
-    one: a stable draw from the policy's name and the client (the same in every process
-    and on every machine, and a client in at 5% stays in at 25%)."""
+    one: a draw from the policy's name and the client, keyed with a secret derived from
+    `SECRET_KEY` (`_rollout_key`). The same in every process, on every machine and after a
+    restart, and a client in at 5% stays in at 25%; without the secret no one can tell
+    which values of a key a client chooses (a header, a query value) fall outside."""
     raw = name.encode("utf-8", "surrogatepass") + b"\0" + identity.encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big") % 100 < rollout
+    digest = hashlib.blake2b(raw, digest_size=8, key=_rollout_key(settings.SECRET_KEY)).digest()
+    return int.from_bytes(digest, "big") % 100 < rollout
+
+
+@functools.lru_cache(maxsize=4)
+def _rollout_key(secret: str | bytes) -> bytes:
+    """The key of the rollout draw, derived from `secret` (the site's `SECRET_KEY`) for
+    this use alone: keyed BLAKE2b is a MAC, and knowing the draw of some clients tells
+    nothing of the secret or of other clients' draws. Another SECRET_KEY draws anew."""
+    return salted_hmac("ratelimits.rollout", "the rollout draw", secret=secret,
+                       algorithm="sha256").digest()
+
+
+runtime.on_reset(_rollout_key.cache_clear)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +217,23 @@ def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy
         priority=policy.priority,
         template=_held_at_most(policy.as_limit(""), get_config()["MAX_DELAY"]),
         counting=policy.counting,
-        rollout=policy.rollout,
+        rollout=_rollout(policy),
         overrides=_compile_overrides(policy, _overridable(policy, overrides)),
     )
+
+
+def _rollout(policy: Any) -> int:
+    """The policy's rollout; 0 (no client in: watched as in shadow) for a row saved before
+    `Policy.clean()` refused its rollout (`models.rollout_error`: a `global` key), which
+    would otherwise be enforced for everyone or no one by the luck of one draw."""
+    from ratelimits.models import rollout_error  # not at the top: see table_fingerprint
+
+    error = rollout_error(policy.key, policy.rollout)
+    if error is None:
+        return int(policy.rollout)
+    logger.error("ratelimits: policy %r is enforced for no client until its rollout is "
+                 "100: %s", policy.name, error)
+    return 0
 
 
 def _overridable(policy: Any, overrides: Iterable[Any]) -> Iterable[Any]:

@@ -1,6 +1,7 @@
 """Which requests the policies look at, and which glue layer decides them: an exempt
-request or one CommonMiddleware redirects is left alone; a view that decides its own
-requests (a DRF throttle, `@ratelimit`) has the middleware leave them to it."""
+request, one CommonMiddleware redirects, or an admin page asked for by one of the admin's
+own users is left alone; a view that decides its own requests (a DRF throttle,
+`@ratelimit`) has the middleware leave them to it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.report import log_safe
@@ -98,3 +102,75 @@ def is_exempt(base: Any, state: RequestState, config: Mapping[str, Any]) -> bool
             except Exception:
                 logger.exception("ratelimits: the EXEMPT function failed; not exempting")
     return state.exempt
+
+
+def under_admin(base: Any) -> bool:
+    """Whether the request's path is under the prefix of an admin site of its URLconf:
+    a string comparison per site, the prefixes found once per URLconf. Only such requests
+    are asked `admin_lets_in`, which may load the user."""
+    urlconf = getattr(base, "urlconf", None)
+    prefixes = _prefixes.get(urlconf)
+    if prefixes is None:
+        prefixes = _admin_prefixes(urlconf)
+    return bool(prefixes) and base.path_info.startswith(prefixes)
+
+
+#: URLconf (None: ROOT_URLCONF) -> its admin sites' prefixes; read on every request.
+_prefixes: dict[Any, tuple[str, ...]] = {}
+
+
+def _admin_prefixes(urlconf: Any) -> tuple[str, ...]:
+    """The path prefix of each admin site (`AdminSite`) in `urlconf` (None: the
+    ROOT_URLCONF), without the script prefix (it is matched against `path_info`); none
+    without django.contrib.admin. Remembered in `_prefixes`."""
+    from django.apps import apps
+    from django.conf import settings
+
+    found = []
+    if apps.is_installed("django.contrib.admin"):
+        from django.contrib.admin.sites import all_sites
+        from django.urls import NoReverseMatch, get_script_prefix, reverse
+
+        script = get_script_prefix()
+        for site in list(all_sites):
+            try:
+                url = reverse(f"{site.name}:index", urlconf=urlconf or settings.ROOT_URLCONF)
+            except NoReverseMatch:
+                continue  # a site this URLconf does not include
+            found.append("/" + url[len(script):] if url.startswith(script) else url)
+    _prefixes[urlconf] = prefixes = tuple(found)
+    return prefixes
+
+
+runtime.on_reset(_prefixes.clear)
+
+
+@receiver(setting_changed, dispatch_uid="ratelimits.routing.urlconf")
+def _on_urlconf_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("ROOT_URLCONF", "INSTALLED_APPS"):
+        _prefixes.clear()
+
+
+def admin_lets_in(base: Any) -> bool:
+    """Whether the request is for a page of an admin site, other than its login page, by a
+    user that site lets in (`AdminSite.has_permission`: active staff by default). Such a
+    request is left alone by every policy unless `RATELIMITS["LIMIT_ADMIN"]`, so no policy
+    can lock the operators out of the admin that would undo it; the login page stays
+    limited (it is where passwords are guessed), and so is everyone the admin turns
+    away. May load the user: a blocking call. An error is logged and the request limited."""
+    from django.contrib.admin.sites import all_sites
+    from django.urls import Resolver404, resolve
+
+    try:
+        match = resolve(base.path_info, getattr(base, "urlconf", None))
+        if "admin" not in match.app_names or match.url_name == "login":
+            return False
+        # only the site that serves the page is asked: another site's rule is not this one's
+        return any(site.name in match.namespaces and site.has_permission(base)
+                   for site in list(all_sites))
+    except Resolver404:
+        return False
+    except Exception:  # a site's has_permission, a broken URLconf: Django's to report
+        logger.exception("ratelimits: could not tell whether %s is an admin user's page; "
+                         "limiting it", log_safe(base.path_info))
+        return False
