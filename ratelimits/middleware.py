@@ -6,6 +6,7 @@ see the user (system check ratelimits.E002).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -29,9 +30,10 @@ def finish(request: Any, state: RequestState, response: Any) -> Any:
     if state.holds:
         if getattr(response, "streaming", False):
             # Django calls every entry of _resource_closers from HttpResponseBase.close().
-            response._resource_closers.append(lambda: evaluation.release(request, state))
+            response._resource_closers.append(
+                lambda: evaluation.release(request, state, response))
         else:
-            evaluation.release(request, state)
+            evaluation.release(request, state, response)
     return response
 
 
@@ -40,7 +42,7 @@ async def afinish(request: Any, state: RequestState, response: Any) -> Any:
     if not state.holds or getattr(response, "streaming", False):
         return finish(request, state, response)
     decorate(state, response)
-    await evaluation.arelease(request, state)
+    await evaluation.arelease(request, state, response)
     return response
 
 
@@ -95,39 +97,43 @@ class RateLimitMiddleware:
     def __call__(self, request: Any) -> Any:
         if self.is_async:
             return self.__acall__(request)
+        # From the decision on the request may hold slots (and a place in the waiting
+        # room): whatever fails, at any step, gives them back.
         state = state_for(request)
-        verdict = self._evaluate(request, state)
-        if verdict is not None and not verdict.allowed:
-            return finish(request, state, rejection_response(request, verdict))
-        if verdict is not None and verdict.delay > 0:
-            verdict = evaluation.wait_turn(verdict)
-            if not verdict.allowed:
-                return finish(request, state, rejection_response(request, verdict))
         try:
-            response = self._after(request, state, self.get_response(request))
+            return finish(request, state, self._respond(request, state))
         except BaseException:
             evaluation.release(request, state)
             raise
-        return finish(request, state, response)
+
+    def _respond(self, request: Any, state: RequestState) -> Any:
+        verdict = self._evaluate(request, state)
+        if verdict is not None and verdict.allowed and verdict.delay > 0:
+            verdict = evaluation.wait_turn(verdict)
+        if verdict is not None and not verdict.allowed:
+            return rejection_response(request, verdict)
+        return self._after(request, state, self.get_response(request))
 
     async def __acall__(self, request: Any) -> Any:
         # Decided on the event loop (the store awaited, see engine.aio); a refusal's
         # response goes to a thread, as a REJECT_VIEW of yours may query the database.
+        # A task cancelled at any step (the client went away: Django cancels the
+        # request's task), or one that fails, gives back what it holds.
         state = state_for(request)
-        verdict = await self._aevaluate(request, state)
-        if verdict is not None and not verdict.allowed:
-            response = await sync_to_async(rejection_response)(request, verdict)
-            return await afinish(request, state, response)
-        if verdict is not None and verdict.delay > 0:
-            verdict = await evaluation.await_turn(verdict)
-            if not verdict.allowed:
-                response = await sync_to_async(rejection_response)(request, verdict)
-                return await afinish(request, state, response)
         try:
-            response = await self.get_response(request)
-            if state.deferred and not state.throttled:
-                response = await sync_to_async(self._after)(request, state, response)
+            return await afinish(request, state, await self._arespond(request, state))
         except BaseException:
-            await evaluation.arelease(request, state)
+            # shielded: a second cancellation must not stop the release half-way
+            await asyncio.shield(evaluation.arelease(request, state))
             raise
-        return await afinish(request, state, response)
+
+    async def _arespond(self, request: Any, state: RequestState) -> Any:
+        verdict = await self._aevaluate(request, state)
+        if verdict is not None and verdict.allowed and verdict.delay > 0:
+            verdict = await evaluation.await_turn(verdict)
+        if verdict is not None and not verdict.allowed:
+            return await sync_to_async(rejection_response)(request, verdict)
+        response = await self.get_response(request)
+        if state.deferred and not state.throttled:
+            response = await sync_to_async(self._after)(request, state, response)
+        return response

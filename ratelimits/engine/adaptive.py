@@ -6,22 +6,32 @@ service's own load. Like TCP's congestion control (and Netflix's concurrency-lim
 Envoy's adaptive concurrency filter), the limit here follows the latency the service
 shows. The rule, an AIMD on latency:
 
-- Every request admitted and finished gives a sample: its latency. `short` is their
-  exponentially weighted mean over about `short_window` samples: the latency now.
-- `best` is the lowest latency sampled since the last probe (below): the service
-  without a queue.
+- Every request admitted and finished gives a sample: its latency (less the time it
+  waited on the client, such as a slow upload: `waited`). `short` is the median of the
+  last `short_window` samples: the latency now, which one odd request does not move.
+- `best` is the service without a queue: a low quantile of the recent samples
+  (`BEST_RANK` of the last `BEST_WINDOW` must be at or below it, or, while fewer are
+  known, half of them), kept at its lowest since the last probe (below). A cheap answer
+  now and then (a 404 in a millisecond beside requests that take 50) is not the
+  service's latency: alone it never becomes `best`, nor a single fast or slow sample.
+  Until `BEST_MIN` samples are known there is no `best`, and the limit does not move.
 - While `short` stays within `tolerance × best`, the limit grows by one (smoothed:
-  `smoothing` of a step per sample), for each sample itself within it too: the mean
+  `smoothing` of a step per sample), for each sample itself within it too: the median
   lags a few samples behind a queue that just formed, and growing meanwhile overshoots.
   Once `short` exceeds it, the limit is multiplied by `tolerance × best / short` (at
-  least 0.5; smoothed the same way). It stays within
-  [`floor`, `maximum`].
+  least 0.5; smoothed the same way). It stays within [`floor`, `maximum`].
 - A sample taken while fewer than half the limit were in flight says nothing about the
   limit: the service was not asked for that much. It may lower the limit, never raise it.
 - Every `probe_every` seconds the process admits only `floor` requests for `probe_for`
-  seconds and measures `best` again: a service that became slower or faster for good is
-  then judged against what it is now, and a limit that crept up under a queue meets its
-  unloaded latency again.
+  seconds (longer, up to half of `probe_every`, until `BEST_MIN` requests that started
+  in it have finished) and measures `best` again from those alone: a service that became
+  slower or faster for good is then judged against what it is now, and a limit that
+  crept up under a queue meets its unloaded latency again.
+
+The caller decides which requests teach (`sample`): one whose answer says nothing of the
+service's load (refused elsewhere, a client error) should not. The limit is per process:
+a server that runs one request at a time per process (gunicorn's sync workers) never has
+a second one in flight to refuse.
 
 Times are the caller's (seconds): tests and replays pass them explicitly. Thread-safe.
 """
@@ -29,10 +39,13 @@ Times are the caller's (seconds): tests and replays pass them explicitly. Thread
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +55,14 @@ from ratelimits.engine.types import Decision, Limit, Outcome, Result
 __all__ = ["AdaptiveEngine", "AdaptiveLimiter", "Ticket"]
 
 logger = logging.getLogger("ratelimits")
+
+#: `best` is the latency that this many of the last `BEST_WINDOW` samples are at or
+#: below (a tenth): a few cheap answers among them cannot be it ...
+BEST_RANK = 10
+BEST_WINDOW = 100
+#: ... and none is known before this many samples (a probe lasts until it has them);
+#: fewer than 2 × BEST_RANK samples: their median.
+BEST_MIN = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +98,12 @@ class AdaptiveLimiter:
         self.maximum, self.floor = maximum, floor
         self.tolerance, self.smoothing = tolerance, smoothing
         self.probe_for, self.probe_every = probe_for, probe_every
-        self._alpha = 2 / (short_window + 1)
         self._estimate = float(floor if initial is None else min(maximum, max(floor, initial)))
         self._lock = threading.Lock()
         self.in_flight = 0
         self.short: float | None = None
+        self._latest: deque[float] = deque(maxlen=short_window)  # for `short`
+        self._window: deque[float] = deque(maxlen=BEST_WINDOW)  # for `best`
         self._best = math.inf
         self._probe_at: float | None = None  # when the last probe started
         self._probing_until = -math.inf
@@ -96,7 +118,7 @@ class AdaptiveLimiter:
 
     @property
     def best(self) -> float | None:
-        """The lowest latency since the last probe (None before the first sample)."""
+        """The unloaded latency since the last probe (None while too few samples)."""
         return None if self._best == math.inf else self._best
 
     def acquire(self, now: float) -> Ticket | None:
@@ -128,19 +150,41 @@ class AdaptiveLimiter:
 
     def _allowed(self, now: float) -> int:
         self._tick(now)
-        return self.floor if now < self._probing_until else self.limit
+        return self.floor if self._probing(now) else self.limit
+
+    def _probing(self, now: float) -> bool:
+        """Whether a probe runs now: for `probe_for`, and on until it measured `best`
+        (at most half of `probe_every`: a probe that sees no traffic ends)."""
+        if now < self._probing_until:
+            return True
+        return (self._probe_at is not None and self._best == math.inf and not self.shadow
+                and self._probing_until > -math.inf
+                and now < self._probe_at + self.probe_every / 2)
 
     def _enter(self, now: float) -> Ticket:
         self.in_flight += 1
         return Ticket(now, self.in_flight)
 
-    def release(self, ticket: Ticket, now: float, *, sample: bool = True) -> None:
-        """The request of `ticket` finished at `now`; its latency teaches the limit
-        unless `sample` is False (a request that failed fast says nothing of the load)."""
+    def step_out(self) -> None:
+        """A request in flight waits on its client (its body's upload): it leaves the
+        count until `step_in()`, so a slow client holds no room of the service's."""
+        with self._lock:
+            self.in_flight = max(0, self.in_flight - 1)
+
+    def step_in(self) -> None:
+        """The request of `step_out()` runs again (counted, room or not)."""
+        with self._lock:
+            self.in_flight += 1
+
+    def release(self, ticket: Ticket, now: float, *, sample: bool = True,
+                waited: float = 0.0) -> None:
+        """The request of `ticket` finished at `now`; its latency, less `waited` (seconds
+        it waited on the client, such as for its body), teaches the limit unless `sample`
+        is False (a request whose answer says nothing of the load)."""
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
             if sample:
-                self._learn(max(0.0, now - ticket.started), ticket.in_flight, now)
+                self._learn(max(0.0, now - ticket.started - waited), ticket, now)
 
     def _tick(self, now: float) -> None:
         """Start a probe when one is due (the first call starts the clock)."""
@@ -152,24 +196,38 @@ class AdaptiveLimiter:
                 return  # a probe that refuses nothing cannot see the unloaded latency
             self._probing_until = now + self.probe_for
             self._best = math.inf  # measured again, without a queue
+            self._window.clear()
 
-    def _learn(self, rtt: float, in_flight: int, now: float) -> None:
+    def _learn(self, rtt: float, ticket: Ticket, now: float) -> None:
         self._tick(now)
-        self._best = min(self._best, rtt)
-        self.short = rtt if self.short is None else (
-            self.short + self._alpha * (rtt - self.short)
-        )
-        limit = self._estimate
-        if self.short <= self.tolerance * self._best:
-            if in_flight < limit / 2 or rtt > self.tolerance * self._best:
+        self._latest.append(rtt)
+        self.short = statistics.median(self._latest)
+        if self._probe_at is None or ticket.started >= self._probe_at or self.shadow:
+            # a request that started before the last probe ran with a queue: not `best`
+            self._window.append(rtt)
+            self._best = min(self._best, self._baseline())
+        best, limit = self._best, self._estimate
+        if best == math.inf:
+            return  # too few samples to tell a queue from a cheap answer
+        if self.short <= self.tolerance * best:
+            if ticket.in_flight < limit / 2 or rtt > self.tolerance * best:
                 # the service was not asked for this much, or this sample is already
-                # slow (the mean lags it): no evidence to grow
+                # slow (the median lags it): no evidence to grow
                 return
             target = limit + 1
         else:
-            target = limit * max(0.5, self.tolerance * self._best / self.short)
+            target = limit * max(0.5, self.tolerance * best / self.short)
         smoothed = limit + (target - limit) * self.smoothing
         self._estimate = min(float(self.maximum), max(float(self.floor), smoothed))
+
+    def _baseline(self) -> float:
+        """The latency `best` may fall to now: a low quantile of the window (see the
+        module), inf while it holds fewer than `BEST_MIN` samples."""
+        n = len(self._window)
+        if n < BEST_MIN:
+            return math.inf
+        rank = min(BEST_RANK, (n + 1) // 2)
+        return heapq.nsmallest(rank, self._window)[-1]
 
 
 #: Whole seconds a refused request is told to wait: about as long as a probe lasts,
@@ -199,6 +257,7 @@ class AdaptiveEngine:
         self._lock = threading.Lock()
         self._limiters: dict[tuple[str, str], AdaptiveLimiter] = {}
         self._held: dict[str, list[tuple[Limit, AdaptiveLimiter, Ticket]]] = {}
+        self._paused: set[str] = set()  # tokens of requests waiting on their client
         self._told: dict[tuple[str, str], tuple[int, float]] = {}  # limit logged, when
 
     def limiter(self, limit: Limit) -> AdaptiveLimiter:
@@ -241,8 +300,7 @@ class AdaptiveEngine:
     def refund(self, receipt: Decision) -> Decision:
         """Give back the tickets of `take()`, whose request something else refused: they
         teach nothing (the request did not run). The decision as if refused here."""
-        with self._lock:
-            held = self._held.pop(receipt.token or "", [])
+        held = self._take_back(receipt)
         at = self._clock()
         for _, limiter, ticket in held:
             limiter.release(ticket, at, sample=False)
@@ -254,17 +312,58 @@ class AdaptiveEngine:
         return dataclasses.replace(receipt, allowed=False, results=results, token=None,
                                    retry_after=max(RETRY_AFTER, receipt.retry_after))
 
-    def release(self, decision: Decision, now: float | None = None) -> None:
-        """The request of `decision` finished now: each limiter learns its latency."""
-        with self._lock:
-            held = self._held.pop(decision.token or "", [])
+    def release(self, decision: Decision, now: float | None = None, *, learn: bool = True,
+                waited: float = 0.0) -> None:
+        """The request of `decision` finished now: each limiter learns its latency, less
+        `waited` (seconds it waited on the client: a slow upload is not the service's
+        latency); nothing when `learn` is False (an answer that says nothing of the
+        service's load, such as a 404)."""
+        held = self._take_back(decision)
         at = self._clock() if now is None else now
         for limit, limiter, ticket in held:
-            limiter.release(ticket, at)
+            limiter.release(ticket, at, sample=learn, waited=waited)
+            if not learn:
+                continue
             learnt = limiter.limit
             if self.on_sample is not None:
-                self.on_sample(limit, at, max(0.0, at - ticket.started), learnt)
+                self.on_sample(limit, at, max(0.0, at - ticket.started - waited), learnt)
             self._tell(limit, limiter, learnt, at)
+
+    def pause(self, decision: Decision) -> None:
+        """The request of `decision` waits on its client (a read of its body): its
+        tickets do not count in flight until `resume()`."""
+        token = decision.token or ""
+        with self._lock:
+            held = self._held.get(token)
+            if not held or token in self._paused:
+                return
+            self._paused.add(token)
+        for _, limiter, _ in held:
+            limiter.step_out()
+
+    def resume(self, decision: Decision) -> None:
+        """The request of `pause()` runs again."""
+        token = decision.token or ""
+        with self._lock:
+            if token not in self._paused:
+                return  # released meanwhile
+            self._paused.discard(token)
+            held = self._held.get(token, [])
+        for _, limiter, _ in held:
+            limiter.step_in()
+
+    def _take_back(self, decision: Decision) -> list[tuple[Limit, AdaptiveLimiter, Ticket]]:
+        """The tickets of `decision`, no longer held, each counted in flight again if
+        its request was paused (its release counts it out)."""
+        token = decision.token or ""
+        with self._lock:
+            held = self._held.pop(token, [])
+            paused = token in self._paused
+            self._paused.discard(token)
+        if paused:
+            for _, limiter, _ in held:
+                limiter.step_in()
+        return held
 
     async def arelease(self, decision: Decision) -> None:
         """`release()` for async code (in process: nothing to wait for)."""

@@ -19,6 +19,7 @@ from ratelimits.pipeline.engines import (
 from ratelimits.pipeline.outage import UNREACHED, unreached
 from ratelimits.pipeline.plan import Planned
 from ratelimits.pipeline.recording import Timed
+from ratelimits.pipeline.release import adaptive_taken
 from ratelimits.pipeline.verdict import PolicyOutcome
 from ratelimits.pipeline.watchdog import hold
 
@@ -95,6 +96,8 @@ def _decide_local(
         verdict = verdict.merged(ctx.judge(own, mine, ()))
     if mine.token is not None:
         hold(ctx.state, engine, mine)
+        if own[0].limit.spec.learned:  # the adaptive layer: its latency is a sample
+            adaptive_taken(ctx.request, engine, mine, [p.policy.name for p in own])
     count_in_store(engine, mine, now)
     timed.decided(engine, seconds, own, mine)
     return verdict, decision

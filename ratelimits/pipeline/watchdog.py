@@ -8,6 +8,14 @@ every third of the shortest period among them, in one engine call per engine, an
 renewing a request's slots when it releases them. The thread starts with the first slot
 held: a process without concurrency policies never has one. An engine whose slots last
 until released (`Holder.slots_expire` False: the adaptive one) is not renewed.
+
+A release that failed (the store out of reach, or its circuit open) leaves slots held
+that no request will free: a 3 s pause once cut a limit to a third of its capacity for a
+whole period. So the thread also tries such releases again, every `RETRY_EVERY` seconds,
+until the store takes them or their slots have expired by themselves (`period` after
+the last renewal); a retry goes through the store's circuit breaker like any call, so
+it costs nothing while the circuit is open and is the probe that closes it once the
+cool-down is over.
 """
 
 from __future__ import annotations
@@ -23,6 +31,11 @@ from ratelimits.engine.types import Decision
 from ratelimits.pipeline.state import RequestState
 
 logger = logging.getLogger("ratelimits")
+
+#: Seconds between two tries of the releases that failed.
+RETRY_EVERY = 0.5
+#: Failed releases kept at most (the oldest go first: their slots expire by themselves).
+MAX_UNRELEASED = 10_000
 
 
 def _period(decision: Decision) -> float:
@@ -43,6 +56,9 @@ class Watchdog:
         self._pid = 0
         self._generation = 0
         self._failing = False
+        #: Releases that failed: (engine, decision, when its slots expire by themselves).
+        self._unreleased: list[tuple[Holder, Decision, float]] = []
+        self._unreleased_told = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -70,6 +86,29 @@ class Watchdog:
         with self._cond:
             self._held.pop(id(decision), None)
 
+    def unreleased(self) -> int:
+        """How many failed releases wait to be tried again."""
+        with self._cond:
+            return len(self._unreleased)
+
+    def release_later(self, engine: Holder, decision: Decision, exc: Exception) -> None:
+        """`engine.release(decision)` failed with `exc`: try it again until the store takes
+        it (logged once per outage; the request goes on either way)."""
+        until = runtime.clock().monotonic() + _period(decision)
+        with self._cond:
+            if len(self._unreleased) >= MAX_UNRELEASED:
+                del self._unreleased[0]
+            self._unreleased.append((engine, decision, until))
+            told, self._unreleased_told = self._unreleased_told, True
+            if self._thread is None or self._pid != os.getpid():
+                self._start()
+            elif self._interval == 0.0 or self._interval > RETRY_EVERY:
+                self._cond.notify()  # idle, or waiting longer than a retry may
+        if not told:
+            logger.warning(
+                "ratelimits: could not release concurrency slots (%s); trying again every "
+                "%s s until the store answers (logged once per outage)", exc, RETRY_EVERY)
+
     def stop(self) -> None:
         """Forget every held decision and end the thread (tests, settings changes)."""
         with self._cond:
@@ -78,6 +117,8 @@ class Watchdog:
             self._thread = None
             self._interval = 0.0
             self._failing = False
+            self._unreleased.clear()
+            self._unreleased_told = False
             self._cond.notify_all()
 
     def _start(self) -> None:
@@ -91,21 +132,56 @@ class Watchdog:
     def _run(self, generation: int) -> None:
         while True:
             with self._cond:
-                while not self._held and self._generation == generation:
+                while not self._held and not self._unreleased and \
+                        self._generation == generation:
                     self._interval = 0.0
                     self._cond.wait()
                 if self._generation != generation:
                     return
-                self._interval = min(_period(d) for _, d in self._held.values()) / 3
+                self._interval = self._next_wait()
                 self._cond.wait(self._interval)
                 if self._generation != generation:
                     return
                 by_engine: dict[int, tuple[Holder, list[Decision]]] = {}
                 for engine, decision in self._held.values():
                     by_engine.setdefault(id(engine), (engine, []))[1].append(decision)
+                retried, self._unreleased = self._unreleased, []
             # outside the lock: requests hold and drop while the store answers
             for engine, decisions in by_engine.values():
                 self._renew(engine, decisions)
+            self._release_again(retried, generation)
+
+    def _next_wait(self) -> float:
+        """Seconds until the next round: a third of the shortest period held, or sooner
+        when failed releases wait (called under the lock)."""
+        wait = min((_period(d) for _, d in self._held.values()), default=3 * RETRY_EVERY) / 3
+        return min(wait, RETRY_EVERY) if self._unreleased else wait
+
+    def _release_again(self, retried: list[tuple[Holder, Decision, float]],
+                       generation: int) -> None:
+        """Try the failed releases again; keep those the store still refuses (not those
+        whose slots have expired meanwhile: nothing is left to free)."""
+        if not retried:
+            return
+        now = runtime.clock().monotonic()
+        left: list[tuple[Holder, Decision, float]] = []
+        down: set[int] = set()  # an engine that failed now is not asked again this round
+        for engine, decision, until in retried:
+            if until <= now:
+                continue
+            if id(engine) not in down:
+                try:
+                    engine.release(decision)
+                    continue
+                except Exception:
+                    down.add(id(engine))
+            left.append((engine, decision, until))
+        with self._cond:
+            if self._generation != generation:
+                return  # forgotten meanwhile (`stop()`)
+            self._unreleased[:0] = left
+            if not self._unreleased:
+                self._unreleased_told = False  # the outage is over: log the next one
 
     def _renew(self, engine: Holder, decisions: Sequence[Decision]) -> None:
         try:

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from ratelimits.engine.adaptive import AdaptiveLimiter
+from ratelimits.engine.adaptive import BEST_MIN, AdaptiveLimiter
 
 BASE = 0.005  # the service's latency with one request in flight (seconds)
 
@@ -228,7 +228,9 @@ def test_a_shadow_limit_refuses_nothing_and_counts_every_request_in_flight(caplo
 def test_a_shadow_probe_keeps_the_best_latency_it_cannot_measure_again():
     limiter = AdaptiveLimiter(maximum=40, floor=1, probe_every=10)
     limiter.shadow = True
-    now = _serve(limiter, 1, 0.0, BASE)
+    now = 0.0
+    for _ in range(BEST_MIN):  # enough unloaded samples to know the unloaded latency
+        now = _serve(limiter, 1, now, BASE)
     for _ in range(50):  # every request runs: latency of the whole crowd
         tickets = [limiter.enter(now) for _ in range(40)]
         for ticket in tickets:

@@ -134,3 +134,12 @@ def test_the_policy_page_charts_the_limit_and_the_latency(admin_client, client, 
     learnt = " ".join(page.split('id="rl-learnt">', 1)[1].split("</p>", 1)[0].split())
     assert "requests in flight per process" in learnt and "over 3 requests." in learnt
     assert 'name="floor"' in page  # the field is on the form
+
+
+def test_a_client_error_teaches_the_adaptive_limit_nothing(client, make_policy):
+    """A 404 is answered before any work: its latency is not the service's."""
+    make_policy(**{**ADAPTIVE, "path": "*"})
+    assert client.get("/no-such-page/").status_code == 404
+    assert client.get("/hello/").status_code == 200
+    counts = observe.last_hour(["busy"])["busy"]
+    assert (counts.admitted, counts.samples) == (2, 1)  # the 200's latency only
