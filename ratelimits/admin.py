@@ -7,6 +7,7 @@ sparkline. What each page shows is built in `ratelimits.ops.dashboard`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ from ratelimits.receivers import schedule_policies_changed
 _AT_LEAST_ONE = frozenset({"limit", "period", "cost", "burst", "batch", "rollout"})
 #: The percentages "Raise the rollout" steps through.
 ROLLOUT_STEPS = (1, 5, 25, 50, 100)
+#: The overrides a policy's page shows (by match); all of them are in their own list.
+INLINE_OVERRIDES = 20
 
 
 def next_rollout(current: int) -> int:
@@ -64,25 +67,98 @@ _INLINE_WIDGETS: dict[str, Callable[[], forms.Widget]] = {
 
 
 class OverrideFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
-    """A policy's overrides, refused as a whole on an algorithm that takes none."""
+    """A policy's overrides on its page: the first `INLINE_OVERRIDES` by match (a page of
+    every one would be megabytes, and past Django's 1,000 posted fields it cannot be
+    saved). The others stay where they are, checked against the policy as edited."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        policy = self.instance
+        # the policy's overrides (none for a new one), each row naming it without a query
+        mine = (Override.objects.none() if policy.pk is None
+                else Override.objects.filter(policy=policy)).select_related("policy")
+        #: How many overrides the policy has, shown or not.
+        self.total = mine.count()
+        if self.is_bound:  # the ones the page showed, whatever was added since
+            self.queryset = mine.filter(pk__in=self._posted_ids())
+        else:
+            self.queryset = mine.order_by("match")[:INLINE_OVERRIDES]
+
+    @property
+    def hidden(self) -> int:
+        """How many of the policy's overrides the page does not show."""
+        return self.total - self.initial_form_count()
+
+    def _posted_ids(self) -> list[int]:
+        field = re.compile(rf"{re.escape(str(self.prefix))}-\d+-id")  # each row's override id
+        return [int(value) for key, value in self.data.items()
+                if field.fullmatch(key) and isinstance(value, str) and value.isdigit()]
 
     def clean(self) -> None:
         super().clean()
         algorithm = self.instance.algorithm  # the policy as its form just set it
         kept = [f for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")]
-        if algorithm in LEARNED_ALGORITHMS and kept:
+        self._refuse_hidden_matches(kept)
+        unfit = self._unfit_hidden()
+        if algorithm in LEARNED_ALGORITHMS and (kept or unfit):
+            more = (f" ({len(unfit)} not shown here: delete them in the overrides list)"
+                    if unfit else "")
             raise ValidationError(
                 f"{REGISTRY[algorithm].label.capitalize()} learns one limit per process from "
-                "all the requests the policy matches, so it takes no overrides: delete them "
-                "(tick Delete?), or choose another algorithm.")
+                f"all the requests the policy matches, so it takes no overrides: delete them "
+                f"(tick Delete?){more}, or choose another algorithm.")
+        if unfit:
+            shown = "; ".join(f"{match!r}: {message}" for match, message in unfit[:3])
+            rest = f"; and {len(unfit) - 3} more" if len(unfit) > 3 else ""
+            raise ValidationError(
+                f"Overrides not shown here do not fit the policy as changed: {shown}{rest}. "
+                "Change or delete them in the overrides list, or undo the change.")
+
+    def _hidden(self) -> Any:
+        """The policy's overrides the page does not show."""
+        shown = [f.instance.pk for f in self.initial_forms]
+        return Override.objects.filter(policy=self.instance).exclude(pk__in=shown)
+
+    def _refuse_hidden_matches(self, kept: list[Any]) -> None:
+        """A row whose match another override has, one the page does not show (the
+        formset compares the rows shown only; the database would refuse with a 500)."""
+        if self.instance.pk is None or not self.hidden or not kept:
+            return
+        rows = {f.instance.match: f for f in kept}
+        for match in self._hidden().filter(match__in=rows).values_list("match", flat=True):
+            rows[match].add_error("match", f"This policy already has an override for "
+                                  f"{match!r}, not shown here: change that one in the "
+                                  "overrides list.")
+
+    def _unfit_hidden(self) -> list[tuple[str, str]]:
+        """The overrides the page does not show that the policy as edited refuses (they
+        fit the stored policy: they need a look only when it changes)."""
+        policy = self.instance
+        if policy.pk is None or not self.hidden:
+            return []
+        stored = Policy.objects.filter(pk=policy.pk).first()
+        if stored is None or all(getattr(stored, f.attname) == getattr(policy, f.attname)
+                                 for f in Policy._meta.concrete_fields):
+            return []
+        unfit = []
+        for override in self._hidden().order_by("match").iterator():
+            override.policy = policy
+            try:
+                override.full_clean(exclude=["policy"], validate_unique=False,
+                                    validate_constraints=False)
+            except ValidationError as exc:
+                unfit.append((override.match, " ".join(exc.messages)))
+        return unfit
 
 
 class OverrideInline(admin.TabularInline):  # type: ignore[type-arg]
     """A policy's overrides, edited on its page: narrow enough for a laptop's admin, with
-    the navigation open (no burst column where the algorithm has none)."""
+    the navigation open (no burst column where the algorithm has none), and a link to
+    all of them in the overrides' own list."""
 
     model = Override
     formset = OverrideFormSet
+    template = "admin/ratelimits/override/tabular.html"
     extra = 0
     fields = ("match", "exempt", "limit", "burst", "expires", "note")
 

@@ -26,12 +26,11 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 def handle(command: BaseCommand, *, file: str, dry_run: bool = False,
            delete_missing: bool = False, **_: object) -> None:
-    text = _read(file)
     try:
-        changes = policy_files.plan_import(policy_files.read(text),
+        changes = policy_files.plan_import(policy_files.read(_read(file)),
                                            delete_missing=delete_missing)
     except policy_files.PolicyFileError as exc:
-        raise CommandError(f"{file} is refused, nothing was changed:\n{exc}") from exc
+        raise _refused(file, exc) from exc
     for change in changes:
         command.stdout.write(change.describe())
     summary = ", ".join(f"{n} {_DONE[a]}" for a in _DONE
@@ -39,19 +38,28 @@ def handle(command: BaseCommand, *, file: str, dry_run: bool = False,
     if dry_run:
         command.stdout.write(f"Dry run, nothing written; it would leave {summary}.")
         return
-    policy_files.apply(changes)
+    try:
+        policy_files.apply(changes)
+    except policy_files.PolicyFileError as exc:
+        raise _refused(file, exc) from exc
     command.stdout.write(f"Imported: {summary}.")
 
 
-def _read(file: str) -> str:
-    """The text of `file`, or of standard input for '-'."""
+def _refused(file: str, exc: policy_files.PolicyFileError) -> CommandError:
+    return CommandError(f"{file} is refused, nothing was changed:\n{exc}")
+
+
+def _read(file: str) -> bytes:
+    """The bytes of `file`, or of standard input for '-': no more than one past the most
+    an import reads, so a huge file named by mistake is not loaded whole."""
+    most = policy_files.MAX_BYTES + 1
     try:
         if file == "-":
-            return sys.stdin.read()
-        with open(file, encoding="utf-8") as f:
-            return f.read()
+            return sys.stdin.buffer.read(most)
+        with open(file, "rb") as f:
+            return f.read(most)
     except OSError as exc:
-        raise CommandError(f"cannot read {file}: {exc.strerror}") from exc
+        raise CommandError(f"cannot read {file}: {exc.strerror or exc}") from exc
 
 
 SUBCOMMAND = Subcommand(
