@@ -82,7 +82,9 @@ class OverrideFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
         if self.is_bound:  # the ones the page showed, whatever was added since
             self.queryset = mine.filter(pk__in=self._posted_ids())
         else:
-            self.queryset = mine.order_by("match")[:INLINE_OVERRIDES]
+            # ordered totally (pk last), or the formset reorders the slice, which Django 6
+            # refuses
+            self.queryset = mine.order_by("match", "pk")[:INLINE_OVERRIDES]
 
     @property
     def hidden(self) -> int:

@@ -98,7 +98,9 @@ def test_a_policy_with_many_overrides_opens_small_and_saves(
 
     data = posted(page, limit="120", description="busy")
     assert len(data) < 1000  # Django refuses a post of more fields (400)
-    with django_assert_max_num_queries(MAX_QUERIES + INLINE_OVERRIDES):
+    # each row shown is validated on its own (unique match; Django 6 also checks the
+    # model's constraints): bounded by the page, not by the policy's overrides
+    with django_assert_max_num_queries(MAX_QUERIES + 2 * INLINE_OVERRIDES):
         response = admin_client.post(f"{URL}{policy.pk}/change/", data)
     assert response.status_code == 302, response.context["errors"]
     policy.refresh_from_db()
@@ -217,7 +219,8 @@ def test_in_a_browser_the_page_links_to_all_the_overrides_and_saves(
     page.locator("#overrides-all a").click()
     page.wait_for_url(f"{base}/admin/ratelimits/override/?policy__id__exact={policy.pk}")
     assert page.locator("#result_list tbody tr").count() == 100  # a page of the list
-    assert "150 overrides" in page.locator("p.paginator").inner_text()
+    # the paginator is a <p> on Django 5.2, a <nav> on 6
+    assert "150 overrides" in page.locator(".paginator").inner_text()
     page.fill("#searchbar", "10.0.0.77")
     page.press("#searchbar", "Enter")
     page.wait_for_url("**q=10.0.0.77**")
