@@ -60,11 +60,16 @@ def _floor0(x: float, _eps: float = FLOOR_EPS, _floor: Callable[[float], int] = 
 
 
 def fixed_window_check(s: Store, key: str, now: float, L: float, P: float, B: float,
-                       c: float) -> Check:
-    win = math.floor(now / P)
+                       c: float, cal: tuple[int, int] | None = None) -> Check:
+    # cal: a calendar window's start and end (µs), keyed by its start in seconds
+    if cal is None:
+        win = math.floor(now / P)
+        reset = (win + 1) * P - now
+    else:
+        win = cal[0] // 1_000_000
+        reset = cal[1] - now
     k = f"{key}:{win}"
     n = float(s.get(k, now) or 0)
-    reset = (win + 1) * P - now
     if n + c <= L:
         return (1, L - n - c, reset, 0, 0, (k, n))
     return (0, _floor0(L - n), reset, reset, 0, None)

@@ -11,16 +11,24 @@ from typing import NamedTuple
 
 from ratelimits.engine.algorithms import (
     ALLOWED,
+    DELAY,
+    REMAINING,
+    RESET_AFTER,
+    RETRY_AFTER,
+    STATE,
     Check,
     CheckFn,
     CommitFn,
+    Store,
     warm_check,
     warm_commit,
 )
+from ratelimits.engine.calendar import window
+from ratelimits.engine.constants import US
 from ratelimits.engine.expiring import ExpiringStore
-from ratelimits.engine.keynames import new_token, to_us
+from ratelimits.engine.keynames import lock_key, new_token, to_us
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.types import CHARGE, CHECK, SETTLE, Decision, Limit
 
 __all__ = ["Prepared", "Receipt", "charge", "refund", "waiting_and_warm"]
 
@@ -39,6 +47,9 @@ class Prepared(NamedTuple):
     #: Its commit names what it holds after the request's token (the in-process sliding
     #: log stores times, not named members: only held slots need a name here).
     needs_token: bool
+    #: `Limit.stage` and `Limit.lockout` (µs; 0: none).
+    stage: int = CHARGE
+    lockout: float = 0.0
 
 
 class Receipt(NamedTuple):
@@ -55,28 +66,63 @@ def charge(
     store: ExpiringStore, prepared: Sequence[Prepared], now: float
 ) -> tuple[bool, list[Check], list[int], str]:
     """Check every limit, then charge every limit that admitted, or none if an enforced
-    one refused. Returns whether the request was admitted, the checks, each check's
-    `allowed` (1 or 0), and the token drawn ('' when none was needed). The caller holds
-    the engine's lock."""
+    one refused (a limit checked only is never charged; one being settled is charged
+    whenever it admits, and never refuses the call). Returns whether the request was
+    admitted, the checks, each check's `allowed` (1 or 0), and the token drawn ('' when
+    none was needed). The caller holds the engine's lock."""
     # Unpacked rather than read by name: this loop runs millions of times in a replay.
-    checks = [check(store, key, now, L, P, B, c) for key, check, _, L, P, B, c, _, _ in prepared]
+    checks = [check(store, key, now, L, P, B, c) for key, check, _, L, P, B, c, *_ in prepared]
+    for i, p in enumerate(prepared):
+        if p.lockout:
+            checks[i] = locked(store, p.key, now, checks[i])
     allowed = [r[ALLOWED] for r in checks]
     if 0 in allowed:
-        for p, ok in zip(prepared, allowed, strict=True):
-            if not ok and not p.shadow:
-                return False, checks, allowed, ""
+        refused = [i for i, (p, ok) in enumerate(zip(prepared, allowed, strict=True))
+                   if not ok and not p.shadow and p.stage != SETTLE]
+        if refused:
+            for i in refused:
+                if prepared[i].lockout:
+                    checks[i] = lock(store, prepared[i], now, checks[i])
+            return False, checks, allowed, ""
     token = ""
-    for (key, _, commit, _, P, _, c, _, needs_token), r in zip(prepared, checks):  # noqa: B905
-        if r[ALLOWED]:
+    for (key, _, commit, _, P, _, c, _, needs_token, stage, _), r in zip(prepared, checks):  # noqa: B905
+        if r[ALLOWED] and stage != CHECK:
             if needs_token and not token:
                 token = new_token()
             commit(store, key, now, P, c, r, token)
     return True, checks, allowed, token
 
 
+#: A check's state when a lockout refused it (no lockout starts again).
+LOCKED = "locked"
+
+
+def locked(store: ExpiringStore, key: str, now: float, r: Check) -> Check:
+    """`r`, or a refusal while a lockout holds the client of `key` (as lua/check_all.lua's
+    `locked`)."""
+    until = store.get(lock_key(key), now)
+    if until is not None and until > now:
+        left = until - now
+        return (0, 0.0, max(r[RESET_AFTER], left), left, 0, LOCKED)
+    return r
+
+
+def lock(store: ExpiringStore, p: Prepared, now: float, r: Check) -> Check:
+    """`p` refused the call (`r`): its lockout starts, unless one already holds it."""
+    if r[STATE] == LOCKED:
+        return r
+    store.set(lock_key(p.key), now + p.lockout, now, p.lockout)
+    return (r[ALLOWED], r[REMAINING], max(r[RESET_AFTER], p.lockout),
+            max(r[RETRY_AFTER], p.lockout), r[DELAY], r[STATE])
+
+
 def waiting_and_warm(check: CheckFn, commit: CommitFn, limit: Limit
                      ) -> tuple[CheckFn, CommitFn]:
-    """An algorithm's functions with the limit's `max_wait` and `warmup` bound in."""
+    """An algorithm's functions with the limit's `max_wait`, `warmup` and `calendar`
+    bound in."""
+    if limit.calendar:
+        check = functools.partial(calendar_check, base=check, kind=limit.calendar,
+                                  zone=limit.zone)
     mw = float(to_us(limit.max_wait))
     if mw:
         check = functools.partial(check, mw=mw)  # type: ignore[call-arg]
@@ -85,6 +131,13 @@ def waiting_and_warm(check: CheckFn, commit: CommitFn, limit: Limit
                                   mw=mw)
         commit = functools.partial(warm_commit, base=commit)
     return check, commit
+
+
+def calendar_check(s: Store, key: str, now: float, L: float, P: float, B: float, c: float,
+                   base: CheckFn, kind: str, zone: str) -> Check:
+    """A fixed window's check in the calendar window holding `now` (µs)."""
+    start, end = window(kind, zone, now / US)
+    return base(s, key, now, L, P, B, c, cal=(start * US, end * US))  # type: ignore[call-arg]
 
 
 def refund(store: ExpiringStore, algorithm: str, p: Prepared, now: float, r: Check,

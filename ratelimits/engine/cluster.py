@@ -210,7 +210,7 @@ class ClusterEngine(Acquiring):
         as remaining."""
         calls: dict[int, SlotCall] = {}
         for slot, reply in undo.items():
-            charged = [(j, i) for j, i in enumerate(groups[slot]) if reply.charged(j)]
+            charged = [(j, i) for j, i in enumerate(groups[slot]) if reply.charged(j, limits[i])]
             if not charged:
                 continue
             keys, args = encode_refund(self.prefix, reply.now_us, token,

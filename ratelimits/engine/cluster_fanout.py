@@ -35,7 +35,7 @@ from redis.exceptions import (
 
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow
-from ratelimits.engine.keynames import base_key, period_us, to_us
+from ratelimits.engine.keynames import base_key, cell, lock_key, to_us, windows
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.transport import UNAVAILABLE_ERRORS
 from ratelimits.engine.types import Limit
@@ -108,15 +108,19 @@ class SlotCall:
 
 
 def window_keys(prefix: str, limits: Sequence[Limit], now: float | None) -> list[str]:
-    """The window keys of the windowed limits about `now` (this clock when None: one
-    window either side covers a server clock that differs by less than a period)."""
+    """The keys the slot script reaches beyond its base keys: the window keys of the
+    windowed limits about `now` (this clock when None: one window either side covers a
+    server clock that differs by less than a period), and lockouts' keys."""
     at = to_us(time.time() if now is None else now)
     out: list[str] = []
     for limit in limits:
         if REGISTRY[limit.algorithm].windowed:
-            key, period = base_key(prefix, limit), period_us(limit)
-            win = math.floor(at / period)
-            out += (f"{key}:{w}" for w in (win - 1, win, win + 1))
+            key, field = cell(prefix, limit)
+            out += (f"{key}:{w}" for w in windows(limit, at, ahead=True))
+        else:
+            key, field = base_key(prefix, limit), ""
+        if limit.lockout:
+            out.append(lock_key(key, field))
     return out
 
 

@@ -10,17 +10,19 @@ and their encoders here too, shared by every engine that sends them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.engine import constants
 from ratelimits.engine.algorithms import LEARNED_ONLY
+from ratelimits.engine.calendar import bounds
 from ratelimits.engine.keynames import base_key, cell, new_token, period_us, to_us
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
-from ratelimits.engine.types import Decision, Limit, Outcome, Result
+from ratelimits.engine.types import CHECK, SETTLE, Decision, Limit, Outcome, Result
 
 US = constants.US
 
@@ -29,9 +31,12 @@ US = constants.US
 #: ('' = no counters).
 HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
 #: ARGV per limit, in this order; KEYS holds one base key per limit (`keynames.base_key`),
-#: and `field` names the client in it for a window algorithm ('' otherwise).
+#: and `field` names the client in it for a window algorithm ('' otherwise). `stage` is
+#: the limit's `Limit.stage`; a calendar window's limit carries the window holding the
+#: caller's time and the next one as three boundaries (`calendar.bounds`; 0 otherwise),
+#: and the script takes the one holding its own.
 LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
-              "wait_us", "field")
+              "wait_us", "field", "lockout_us", "stage", "cal0", "cal1", "cal2")
 #: After the limits, each count the process tallied alone (`tally`) rides in this order:
 #: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
 CARRY_ARGS = ("kind", "name", "at", "what", "n")
@@ -43,7 +48,7 @@ RESULT_FIELDS = ("allowed", "remaining", "reset_after", "retry_after", "delay", 
 LEASE_RESET = -1
 
 #: Values the script's constants are generated from (Lua name -> Python value).
-LUA_CONSTANTS: dict[str, int | float] = {
+LUA_CONSTANTS: dict[str, int | float | str] = {
     "US": constants.US,
     "EPS": constants.EPS,
     "TOKEN_EPS": constants.TOKEN_EPS,
@@ -57,7 +62,12 @@ LUA_CONSTANTS: dict[str, int | float] = {
     "CARRY": len(CARRY_ARGS),
     "LEASE_US": to_us(LEASE_SECONDS),
     "LEASE_RESET": LEASE_RESET,
+    # `Limit.stage` as ARGV carries it (a string)
+    "STAGE_CHECK": str(CHECK),
+    "STAGE_SETTLE": str(SETTLE),
 }
+
+_NO_WINDOW = (0, 0, 0)
 
 _ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
     RESULT_FIELDS.index(f)
@@ -97,6 +107,7 @@ def encode(
     ]
     token = None
     keys = []
+    clock = None
     for limit in limits:
         spec = REGISTRY[limit.algorithm]
         if spec.learned:
@@ -115,7 +126,15 @@ def encode(
             to_us(limit.warmup),
             to_us(limit.max_wait),
             field,
+            to_us(limit.lockout),
+            limit.stage,
         )
+        if limit.calendar:
+            if clock is None:
+                clock = to_us(time.time() if now is None else now)
+            args += bounds(limit.calendar, limit.zone, clock)
+        else:
+            args += _NO_WINDOW
     return keys, args, token
 
 
@@ -216,10 +235,12 @@ class SlotReply:
     results: list[Any]
     writes: list[tuple[Any, Any]]
 
-    def charged(self, j: int) -> bool:
-        """Whether the slot charged its `j`-th limit."""
+    def charged(self, j: int, limit: Limit) -> bool:
+        """Whether the slot charged its `j`-th limit, `limit` (one checked only, to be
+        charged after the response, is admitted uncharged)."""
         field = self.results[j * FIELDS + _OUTCOME]
-        return (field.decode() if isinstance(field, bytes) else field) == Outcome.ADMITTED.value
+        admitted = (field.decode() if isinstance(field, bytes) else field) == "a"
+        return admitted and limit.stage != CHECK
 
 
 def decode_slot(reply: Any, n: int) -> SlotReply:

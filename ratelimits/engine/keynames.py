@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from functools import lru_cache
 
+from ratelimits.engine import calendar
 from ratelimits.engine.constants import (
     OFFENDER_CHARS,
     OFFENDERS_CAP,
@@ -36,6 +37,7 @@ __all__ = [
     "cell",
     "client_key",
     "guaranteed",
+    "lock_key",
     "new_token",
     "offender_errors_key",
     "offenders_key",
@@ -44,6 +46,7 @@ __all__ = [
     "stats_key",
     "stored_state",
     "to_us",
+    "windows",
 ]
 
 
@@ -96,30 +99,50 @@ def _cell(prefix: str, name: str, key: str, algorithm: str) -> tuple[str, str]:
     return f"{prefix}{{{_b64(digest)}}}:{code}", ""
 
 
+def windows(limit: Limit, at_us: int, *, ahead: bool = False) -> list[int]:
+    """The numbers of a window algorithm's current and previous windows at `at_us` (and
+    the next one, `ahead`): a window's count lives at `<key>:<number>`. A period-long
+    window is numbered by how many periods since the epoch; a calendar window by its
+    start, in seconds."""
+    if not limit.calendar:
+        win = at_us // period_us(limit)
+        return [win, win - 1, win + 1] if ahead else [win, win - 1]
+    start, end = calendar.window(limit.calendar, limit.zone, at_us / US)
+    previous, _ = calendar.window(limit.calendar, limit.zone, start - 1)
+    return [start, previous, end] if ahead else [start, previous]
+
+
+def lock_key(key: str, field: str = "") -> str:
+    """Where a lockout keeps until when (µs) it holds the client of `key` (and `field`,
+    in a window algorithm's shard)."""
+    return f"{key}:x{field}"
+
+
 def stored_state(
     prefix: str, limit: Limit, now_us: Callable[[], int]
 ) -> tuple[list[str], list[tuple[str, str]]]:
     """Where Redis holds one client's state under `limit`: keys of its own (its key, the
-    warm-up's state), and (hash, field) cells of a window algorithm's current and
-    previous windows (`now_us` is asked only then). What `reset()` deletes."""
+    warm-up's state, the lockout's), and (hash, field) cells of a window algorithm's
+    current and previous windows (`now_us` is asked only then). What `reset()` deletes."""
     key, field = cell(prefix, limit)
+    own = [lock_key(key, field)] if limit.lockout else []
     if not REGISTRY[limit.algorithm].windowed:
-        return [key, f"{key}:w"] if limit.warmup else [key], []
-    win = now_us() // period_us(limit)
-    return [], [(f"{key}:{win}", field), (f"{key}:{win - 1}", field)]
+        return [key, f"{key}:w", *own] if limit.warmup else [key, *own], []
+    return own, [(f"{key}:{win}", field) for win in windows(limit, now_us())]
 
 
 def state_keys(prefix: str, limit: Limit, now_us: Callable[[], int]) -> list[str]:
     """Every key of the in-process engine holding one client's state under `limit`: its
     key, a window algorithm's current and previous windows (`now_us` is asked only then),
-    the warm-up's state. What `MemoryEngine.reset()` deletes."""
+    the warm-up's state, the lockout's. What `MemoryEngine.reset()` deletes."""
     key = client_key(prefix, limit)
     keys = [key]
     if REGISTRY[limit.algorithm].windowed:
-        win = now_us() // period_us(limit)
-        keys += [f"{key}:{win}", f"{key}:{win - 1}"]
+        keys += (f"{key}:{win}" for win in windows(limit, now_us()))
     if limit.warmup:
         keys.append(f"{key}:w")
+    if limit.lockout:
+        keys.append(lock_key(key))
     return keys
 
 

@@ -43,7 +43,7 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import Decision, Limit, Outcome
+from ratelimits.engine.types import CHECK, SETTLE, Decision, Limit, Outcome
 
 __all__ = ["MemoryEngine"]
 
@@ -75,11 +75,15 @@ class MemoryEngine(Acquiring):
             minute = math.floor(now_f / (60 * US))
             for limit, r in zip(limits, checks, strict=True):
                 remaining = r[REMAINING]
-                if r[ALLOWED] and admitted:
+                if r[ALLOWED] and limit.stage == SETTLE:
+                    field = "c"
+                elif r[ALLOWED] and admitted:
                     field = "a"
                 elif r[ALLOWED]:
                     remaining += limit.cost  # not charged: its units are still there
                     field = "o"
+                elif limit.stage == SETTLE:
+                    field = "o"  # no room left: nothing charged
                 else:
                     field = "w" if limit.shadow else "r"
                 if limit.name:
@@ -116,7 +120,8 @@ class MemoryEngine(Acquiring):
                 if result.outcome is not Outcome.ADMITTED:
                     results.append(result)
                     continue
-                refund(self._store, result.limit.algorithm, p, now, r, receipt.token)
+                if result.limit.stage != CHECK:  # one checked only was not charged
+                    refund(self._store, result.limit.algorithm, p, now, r, receipt.token)
                 if result.limit.name:
                     key = stats_key(self.prefix, result.limit.name, minute)
                     counts = self._store.get(key, now)
@@ -140,7 +145,8 @@ class MemoryEngine(Acquiring):
         """A limit made ready for `evaluate()` and `decide()`: key hashed, figures converted."""
         spec = REGISTRY[limit.algorithm]
         check, commit = spec.check, spec.commit
-        if limit.max_wait or limit.warmup:  # bound here: the plain checks stay as fast
+        # bound here: the plain checks stay as fast
+        if limit.max_wait or limit.warmup or limit.calendar:
             check, commit = waiting_and_warm(check, commit, limit)
         return Prepared(
             client_key(self.prefix, limit),
@@ -152,6 +158,8 @@ class MemoryEngine(Acquiring):
             float(limit.cost),
             limit.shadow,
             spec.holds_slots,
+            limit.stage,
+            float(to_us(limit.lockout)),
         )
 
     def decide(self, prepared: Sequence[Prepared], now: float) -> tuple[bool, list[int]]:

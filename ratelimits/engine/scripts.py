@@ -102,7 +102,7 @@ def _charging_parts() -> tuple[str, ...]:
         "-- generated from ratelimits/engine/scripts.py",
         lua_constants(),
         (lua / "prelude.lua").read_text("utf-8"),
-        _dispatcher("check", "key, f, now, L, P, B, c, mw",
+        _dispatcher("check", "key, f, now, L, P, B, c, mw, cal",
                     {name: b[0] for name, b in bodies.items()}),
         _dispatcher("commit", "key, f, now, L, P, B, c, r, token",
                     {name: b[1] for name, b in bodies.items()}),

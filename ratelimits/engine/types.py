@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from ratelimits.engine.algorithms import member
+from ratelimits.engine.calendar import CALENDARS, check_zone
 from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
     LEARNED_ALGORITHMS,
@@ -16,6 +17,11 @@ from ratelimits.engine.registry import (
     WARMUP_ALGORITHMS,
     Algorithm,
 )
+
+#: `Limit.stage`: check and charge at once (the default); check only, the charge to come
+#: after the response; that charge, made when there is room.
+CHARGE, CHECK, SETTLE = 0, 1, 2
+STAGES = (CHARGE, CHECK, SETTLE)
 
 #: The algorithms a limit of cost 0 reads without changing: `Result.remaining` is what
 #: is left, and nothing is taken (django-ratelimit's `increment=False`).
@@ -46,6 +52,14 @@ class Limit:
     fewest requests in flight an adaptive limit ever allows (None: 1); only for
     `LEARNED_ALGORITHMS`, whose `limit` is the most it ever allows and `period` the
     seconds between its probes (see `adaptive`).
+
+    `lockout`: seconds a client this limit refuses stays refused, whatever its count
+    does meanwhile (0: none). `stage`: `CHARGE` (check, and charge if the call is
+    admitted), `CHECK` (check and charge nothing: the caller charges later, with a
+    `SETTLE` call, if the response is one to charge) or `SETTLE` (charge if there is
+    room, whatever the call's other limits say; never refuses the call).
+    `calendar`: `day`, `week` or `month` (fixed window only): windows of the calendar
+    of `zone`, instead of `period`-long ones (see `calendar`).
     """
 
     key: str
@@ -60,6 +74,10 @@ class Limit:
     max_wait: float = 0.0
     warmup: float = 0.0
     floor: int | None = None
+    lockout: float = 0.0
+    stage: int = CHARGE
+    calendar: str = ""
+    zone: str = "UTC"
 
     def __post_init__(self) -> None:
         if self.algorithm not in REGISTRY:
@@ -88,6 +106,7 @@ class Limit:
         self._check_batch()
         self._check_waits()
         self._check_floor()
+        self._check_counting()
         if self.cost > self.capacity:
             raise ValueError(
                 f"cost {self.cost} exceeds the capacity {self.capacity} of this limit: "
@@ -145,6 +164,39 @@ class Limit:
                              f"is the time between probes, each of 1 second), got "
                              f"{self.period!r}")
 
+    def _check_counting(self) -> None:
+        lockout = self.lockout
+        if isinstance(lockout, bool) or not isinstance(lockout, (int, float)) or not (
+            0 <= lockout < math.inf
+        ):
+            raise ValueError(f"lockout must be a number of seconds of at least 0, "
+                             f"got {lockout!r}")
+        spec = self.spec
+        if lockout and (spec.learned or self.batch is not None):
+            raise ValueError("lockout applies to a limit decided by the store for each "
+                             "request: not to an adaptive limit, nor with a batch")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {self.stage!r}")
+        if self.stage != CHARGE:
+            if spec.holds_slots or spec.delays:
+                why = "holds a slot while the request runs" if spec.holds_slots else (
+                    "queues a request before the view")
+                raise ValueError(f"charging after the response applies to a count of "
+                                 f"requests, not to {spec.label}: it {why}")
+            if self.batch is not None or self.max_wait:
+                raise ValueError("charging after the response does not go with a batch or "
+                                 "a max_wait: both charge before the view")
+        if self.calendar:
+            if self.calendar not in CALENDARS:
+                raise ValueError(f"calendar must be one of {', '.join(CALENDARS)}, "
+                                 f"got {self.calendar!r}")
+            if self.algorithm != "fixed_window":
+                raise ValueError(
+                    f"calendar applies only to fixed_window, not to {self.algorithm}: a "
+                    "calendar window resets at its boundary, which only a fixed window "
+                    "does")
+            check_zone(self.zone)
+
     @property
     def spec(self) -> Algorithm:
         """This limit's algorithm: its facts and functions (see `registry`)."""
@@ -161,13 +213,16 @@ class Outcome(str, enum.Enum):
 
     ADMITTED: passed and charged. REJECTED: this enforced limit refused it. WOULD_REJECT:
     this shadow limit would have refused it. SPARED: this limit admitted it but another
-    refused the request, so nothing was charged.
+    refused the request, so nothing was charged (or, for a `SETTLE` call, it had no
+    room left). CHARGED: a `SETTLE` call charged it, after the response (a request
+    already counted as ADMITTED: not a request of its own).
     """
 
     ADMITTED = "a"
     REJECTED = "r"
     WOULD_REJECT = "w"
     SPARED = "o"
+    CHARGED = "c"
 
     @property
     def label(self) -> str:

@@ -9,6 +9,7 @@ import pytest
 from ratelimits.engine import Limit, RedisEngine, constants, contract, scripts
 from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
 from ratelimits.engine.keynames import base_key, cell, client_key
+from ratelimits.engine.types import CHECK
 from tests.engine.conftest import T0
 
 
@@ -46,6 +47,8 @@ def test_encode_puts_each_value_where_its_name_says():
     limits = [
         Limit("10.0.0.1", "sliding_log", 5, 60, cost=2, name="a"),
         Limit("x" * 500, "leaky_bucket", 9, 1.5, shadow=True, name="b", max_wait=0.25),
+        Limit("u", "fixed_window", 100, 86_400, name="c", lockout=90, stage=CHECK,
+              calendar="day", zone="Asia/Tokyo"),
     ]
     keys, args, token = encode(limits, prefix="rl:", now=T0, version_key="v", stats=True)
     assert keys == [base_key("rl:", lim) for lim in limits]
@@ -54,10 +57,22 @@ def test_encode_puts_each_value_where_its_name_says():
     assert head == {"now_us": 1_800_000_000_000_000, "token": token, "version_key": "v",
                     "stats_prefix": "rl:s:"}
     assert token  # sliding_log names its members after the request's token
-    second = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + len(LIMIT_ARGS):], strict=True))
+    per = len(LIMIT_ARGS)
+    second = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + per:len(HEAD_ARGS) + 2 * per],
+                      strict=True))
     assert second == {"algorithm": "leaky_bucket", "limit": 9, "period_us": 1_500_000,
                       "burst": 0, "cost": 1, "shadow": 1, "warmup_us": 0,
-                      "wait_us": 250_000, "field": ""}
+                      "wait_us": 250_000, "field": "", "lockout_us": 0, "stage": 0,
+                      "cal0": 0, "cal1": 0, "cal2": 0}
+    third = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + 2 * per:], strict=True))
+    # T0 is 2027-01-15 08:00 UTC, 17:00 in Tokyo (UTC+9, no daylight saving): the day
+    # began at 15:00 UTC the day before, and the next one ends a day after it
+    day = 86_400 * 1_000_000
+    tokyo_midnight = (T0 // 86_400 * 86_400 - 9 * 3600) * 1_000_000
+    assert (third["cal0"], third["cal1"], third["cal2"]) == (
+        tokyo_midnight, tokyo_midnight + day, tokyo_midnight + 2 * day)
+    assert (third["lockout_us"], third["stage"], third["field"]) == (90_000_000, CHECK,
+                                                                     cell("rl:", limits[2])[1])
 
 
 def test_a_window_limit_names_its_shard_and_its_field():

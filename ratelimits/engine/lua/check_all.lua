@@ -11,8 +11,22 @@ local function decision_now(argv)
   return now
 end
 
+-- A client a lockout holds (its lock, at <key>:x<field>, says until when, in µs): refused
+-- until then, whatever its count says. r is its check.
+local function locked(key, now, r)
+  local til = tonumber(redis.call('GET', key))
+  if til and til > now then
+    local left = til - now
+    local out = {0, 0, math.max(r[3], left), left, 0}
+    out.locked = true
+    return out
+  end
+  return r
+end
+
 -- Check every limit of the call, writing nothing: each check's answer, and 1 when every
--- enforced limit admits (a shadow limit never refuses), else 0.
+-- enforced limit admits (a shadow limit never refuses, nor does one being settled),
+-- else 0.
 local function check_all(keys, argv, now)
   local checks, admitted = {}, 1
   for i = 1, #keys do
@@ -21,31 +35,56 @@ local function check_all(keys, argv, now)
       tonumber(argv[o + ARG_BURST])
     local c, W, mw = tonumber(argv[o + ARG_COST]), tonumber(argv[o + ARG_WARMUP_US]),
       tonumber(argv[o + ARG_WAIT_US])
-    local r = check(argv[o + ARG_ALGORITHM], keys[i], argv[o + ARG_FIELD], now, L, P, B, c, mw)
+    local cal, edge = nil, tonumber(argv[o + ARG_CAL1])
+    if edge > 0 then  -- a calendar window: the one holding the server's time
+      if now >= edge then
+        cal = {edge, tonumber(argv[o + ARG_CAL2])}
+      else
+        cal = {tonumber(argv[o + ARG_CAL0]), edge}
+      end
+    end
+    local f = argv[o + ARG_FIELD]
+    local r = check(argv[o + ARG_ALGORITHM], keys[i], f, now, L, P, B, c, mw, cal)
     if W > 0 then r = warm_check(keys[i], now, L, P, B, c, W, mw, r) end
+    if argv[o + ARG_LOCKOUT_US] ~= '0' then r = locked(keys[i] .. ':x' .. f, now, r) end
     checks[i] = r
-    if r[1] == 0 and argv[o + ARG_SHADOW] == '0' then admitted = 0 end
+    if r[1] == 0 and argv[o + ARG_SHADOW] == '0' and argv[o + ARG_STAGE] ~= STAGE_SETTLE then
+      admitted = 0
+    end
   end
   return checks, admitted
 end
 
--- Charge limit i (its check's answer r) when the call is admitted and the limit admits;
--- returns the counter's field for it: a (charged), o (admitted but not charged: another
--- limit refused the call), w (a shadow limit's would-be refusal) or r (refused).
+-- Charge limit i (its check's answer r) when the call is admitted and the limit admits
+-- (a limit being settled: whenever it admits); returns the counter's field for it, and
+-- whether it wrote: a (admitted, charged unless its stage is check), c (settled:
+-- charged after the response), o (admitted but not charged: another limit refused the
+-- call, or a limit being settled had no room), w (a shadow limit's would-be refusal) or
+-- r (refused: its lockout, if it has one, starts).
 local function charge(keys, argv, i, now, r, admitted, token)
   local o = HEAD + (i - 1) * PER_LIMIT
-  local c = tonumber(argv[o + ARG_COST])
-  if r[1] == 1 and admitted == 1 then
+  local c, stage = tonumber(argv[o + ARG_COST]), argv[o + ARG_STAGE]
+  if r[1] == 1 and (admitted == 1 or stage == STAGE_SETTLE) then
+    if stage == STAGE_CHECK then return 'a', false end
     commit(argv[o + ARG_ALGORITHM], keys[i], argv[o + ARG_FIELD], now,
       tonumber(argv[o + ARG_LIMIT]), tonumber(argv[o + ARG_PERIOD_US]),
       tonumber(argv[o + ARG_BURST]), c, r, token)
     if r.wn then warm_commit(keys[i], r) end
-    return 'a'
+    if stage == STAGE_SETTLE then return 'c', true end
+    return 'a', true
   elseif r[1] == 1 then
     r[2] = r[2] + c  -- not charged: the units it would have taken are still there
-    return 'o'
+    return 'o', false
+  elseif stage == STAGE_SETTLE then
+    return 'o', false
   elseif argv[o + ARG_SHADOW] == '1' then
-    return 'w'
+    return 'w', false
   end
-  return 'r'
+  local lockout = tonumber(argv[o + ARG_LOCKOUT_US])
+  if lockout > 0 and not r.locked then
+    redis.call('SET', keys[i] .. ':x' .. argv[o + ARG_FIELD], now + lockout, 'PX',
+      ttl_ms(lockout))
+    r[3], r[4] = math.max(r[3], lockout), math.max(r[4], lockout)
+  end
+  return 'r', false
 end

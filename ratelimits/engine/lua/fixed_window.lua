@@ -1,11 +1,18 @@
 -- One count per client and aligned window. The window number is part of the key, so an
 -- explicit clock (tests, replay) never reads a stale window; the client is field f of
 -- its shard's hash for the window (see keynames.base_key), which expires with the window.
+-- A calendar window (cal: its start and end, µs) is keyed by its start in seconds.
 --[[check]]
-local win = math.floor(now / P)
+local win, reset
+if cal then
+  win = cal[1] / US
+  reset = cal[2] - now
+else
+  win = math.floor(now / P)
+  reset = (win + 1) * P - now
+end
 local k = key .. ':' .. fmt(win)
 local n = tonumber(redis.call('HGET', k, f)) or 0
-local reset = (win + 1) * P - now
 if n + c <= L then
   return {1, L - n - c, reset, 0, 0, k}
 end

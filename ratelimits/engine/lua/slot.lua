@@ -18,8 +18,9 @@ end
 local out = {admitted, now}
 for i = 1, n do
   local r = checks[i]
-  local field, s1, s2 = charge(KEYS, ARGV, i, now, r, admitted, token), '', ''
-  if field == 'a' then s1, s2 = text(r[6]), text(r[7]) end
+  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token)
+  local s1, s2 = '', ''
+  if wrote then s1, s2 = text(r[6]), text(r[7]) end
   local j = #out
   out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6], out[j + 7],
     out[j + 8] = r[1], r[2], r[3], r[4], r[5], field, s1, s2
