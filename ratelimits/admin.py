@@ -189,8 +189,9 @@ class PolicyAdmin(_ModelAdmin):
     inlines = (OverrideInline,)
     fieldsets = (
         (None, {"fields": ("name", "description", "mode", "rollout", "priority")}),
-        ("Rate", {"fields": ("algorithm", "limit", "floor", "period", "burst", "cost",
-                             "max_wait", "warmup")}),
+        ("Rate", {"fields": ("algorithm", "limit", "floor", "period", "calendar", "burst",
+                             "cost", "cost_function", "max_wait", "warmup")}),
+        ("What is charged", {"fields": ("charge_on", "reset_on", "lockout")}),
         ("Counting", {"fields": ("counting", "batch")}),
         ("Which requests", {"fields": ("key", "path", "methods", "scope")}),
         ("When the store is unreachable", {"fields": ("on_error",)}),
@@ -228,6 +229,8 @@ class PolicyAdmin(_ModelAdmin):
     def save_model(self, request: Any, obj: Policy, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         _warn_lockout(self, request, [obj])
+        if obj.lockout and obj.key.split(":", 1)[0] in CLIENT_WRITTEN_KEYS:
+            self.message_user(request, aimed_lockout_message(obj), messages.WARNING)
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         # a declared row comes back at the next start: switch it off instead
@@ -432,6 +435,19 @@ def _declared_on(policy: Policy, found: list[routes.Route] | None) -> str:
 
 def _change_url(policy: Policy) -> str:
     return reverse("admin:ratelimits_policy_change", args=[policy.pk])
+
+
+#: Key kinds whose value the client writes itself: a lockout keyed by one is aimed by
+#: whoever sends it (a `call:` or code key may read such a value too).
+CLIENT_WRITTEN_KEYS = ("post", "query", "get", "header", "call", "code")
+
+
+def aimed_lockout_message(policy: Policy) -> str:
+    """The warning for a lockout an attacker can aim at someone else."""
+    return (f"Policy {policy.name!r} locks out by {policy.key}, a value the client sends: "
+            f"anyone who sends a victim's value (a username) can lock a victim out for "
+            f"{policy.lockout} s, as often as they like. Lock out per IP address and count "
+            "per username without a lockout (the login recipe in the docs shows the pair).")
 
 
 def _warn_lockout(model_admin: Any, request: Any, policies: list[Policy]) -> None:

@@ -183,6 +183,11 @@ def get_config() -> Mapping[str, Any]:
     return _config
 
 
+def time_zone() -> str:
+    """The zone calendar windows follow: `settings.TIME_ZONE` (UTC when it is None)."""
+    return getattr(settings, "TIME_ZONE", None) or "UTC"
+
+
 @on_reset
 def reset_config() -> None:
     """Forget the validated settings: the next `get_config()` reads them again."""

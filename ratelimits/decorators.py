@@ -51,9 +51,13 @@ def ratelimit(
     methods: str | list[str] | tuple[str, ...] = "",
     mode: str = "enforce",
     burst: int | None = None,
-    cost: int = 1,
+    cost: int | Callable[[Any], int] = 1,
     max_wait: float = 0,
     warmup: int = 0,
+    charge_on: str = "",
+    reset_on: str = "",
+    lockout: int = 0,
+    calendar: str = "",
     block: bool = True,
     raise_on_refusal: Raising | None = None,
 ) -> Callable[[F], F]:
@@ -64,7 +68,9 @@ def ratelimit(
     client's identity (None: the limit does not apply); `methods` limits only those
     methods (empty: all); `mode` is the policy's mode when it is first created:
     "enforce", "shadow" or "off" (an operator may change it later in the admin);
-    `burst`, `cost`, `max_wait` and `warmup` are the policy fields of those names.
+    `burst`, `cost`, `max_wait`, `warmup`, `charge_on`, `reset_on`, `lockout` and
+    `calendar` are the policy fields of those names; `cost` may also be a function of
+    the request returning its cost (a positive integer).
     A refused request gets a 429, or with `raise_on_refusal` (an exception class, or a
     function returning the exception) that exception is raised; with `block=False` the
     view runs anyway and reads `request.limited` (True). A mistake raises
@@ -79,10 +85,12 @@ def ratelimit(
     if not isinstance(methods, str):
         methods = ",".join(methods)
     reader = None if isinstance(key, str) else key
+    cost_of = cost if callable(cost) else None
     declaration = registry.declare(
-        name, mode, reader=reader, algorithm=algorithm, limit=limit, period=period,
-        burst=burst, cost=cost, max_wait=max_wait, warmup=warmup,
-        key=key if isinstance(key, str) else "", methods=methods,
+        name, mode, reader=reader, cost_of=cost_of, algorithm=algorithm, limit=limit,
+        period=period, burst=burst, cost=1 if cost_of else cost, max_wait=max_wait,
+        warmup=warmup, key=key if isinstance(key, str) else "", methods=methods,
+        charge_on=charge_on, reset_on=reset_on, lockout=lockout, calendar=calendar,
     )
     scope = declaration.scope
     own = Refusal(frozenset() if block else frozenset({scope}),

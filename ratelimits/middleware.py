@@ -12,7 +12,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 
 from ratelimits.checks import ensure_valid
-from ratelimits.pipeline import evaluation
+from ratelimits.pipeline import evaluation, settling
 from ratelimits.pipeline.evaluation import UNSCOPED
 from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.responses import decorate, rejection_response
@@ -20,13 +20,16 @@ from ratelimits.pipeline.state import RequestState, state_for
 
 
 def finish(request: Any, state: RequestState, response: Any) -> Any:
-    """Headers now; concurrency slots when the response is finished.
+    """Headers now; the charges and resets the response calls for (`settling`);
+    concurrency slots when the response is finished.
 
     A streaming response is still running when it leaves the middleware, so its slots are
     released from the response's close(), which the server calls once the body is sent
     (or the client went away).
     """
     decorate(state, response)
+    if state.pending:
+        settling.settle(request, state, response)
     if state.holds:
         if getattr(response, "streaming", False):
             # Django calls every entry of _resource_closers from HttpResponseBase.close().
@@ -39,6 +42,8 @@ def finish(request: Any, state: RequestState, response: Any) -> Any:
 
 async def afinish(request: Any, state: RequestState, response: Any) -> Any:
     """`finish()` for the async stack: the slots are released on the event loop."""
+    if state.pending:
+        await settling.asettle(request, state, response)
     if not state.holds or getattr(response, "streaming", False):
         return finish(request, state, response)
     decorate(state, response)

@@ -10,7 +10,8 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from ratelimits.conf import get_config
+from ratelimits.conf import get_config, time_zone
+from ratelimits.engine.calendar import NOMINAL_SECONDS
 from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
     LEARNED_ALGORITHMS,
@@ -18,10 +19,11 @@ from ratelimits.engine.registry import (
     WAITING_ALGORITHMS,
     WARMUP_ALGORITHMS,
 )
-from ratelimits.engine.types import Limit
+from ratelimits.engine.types import CHARGE, CHECK, Limit
 from ratelimits.matching.keykinds import KEY_KINDS, parse_key
 from ratelimits.matching.overrides import parse_match
 from ratelimits.matching.paths import PathPattern
+from ratelimits.matching.responses import CHARGE_WORD, RESET_WORD, parse_responses
 
 _METHOD = re.compile(r"^[A-Z]+$")
 # `\Z`, not `$`: `$` also matches before a final newline, and the name reaches
@@ -42,6 +44,10 @@ _LIMIT_ERROR_FIELDS = (
     ("floor", "floor"),
     ("cost must", "cost"),
     ("cost ", "cost"),
+    ("lockout", "lockout"),
+    ("charging after the response", "charge_on"),
+    ("calendar", "calendar"),
+    ("unknown time zone", "calendar"),
 )
 
 
@@ -87,6 +93,21 @@ def rollout_error(key: str, rollout: object) -> str | None:
             "rollout to 100. To try the policy first, keep it in shadow and watch what it "
             "would refuse, or enforce it with a higher limit and lower it step by step; "
             "for a share of clients, count per client (ip, user, user_or_ip).")
+
+
+def cost_function_error(path: str) -> str | None:
+    """What is wrong with a cost function's dotted path, or None when it names a
+    function."""
+    from django.utils.module_loading import import_string
+
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        return (f"{path[:100]!r} cannot be imported ({exc}); give the dotted path to a "
+                "function of the request, e.g. myapp.costs.rows_asked.")
+    if not callable(found):
+        return f"{path[:100]!r} is not a function; give a function of the request."
+    return None
 
 
 def split_methods(value: str) -> list[str]:
@@ -179,6 +200,42 @@ class Policy(models.Model):
     )
     cost = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)], help_text="Units one request consumes."
+    )
+    cost_function = models.CharField(
+        "cost function",
+        max_length=255,
+        blank=True,
+        help_text="Dotted path to a function of the request returning its cost (a positive "
+        "integer), e.g. myapp.costs.rows_asked; empty: the cost above. A wrong answer is "
+        "logged and the cost above charged.",
+    )
+    charge_on = models.CharField(
+        "charge on",
+        max_length=100,
+        blank=True,
+        help_text="Charge only these responses: status codes and classes (401,403 or 4xx), "
+        "or login_failed (Django's user_login_failed during the request). A client at its "
+        "limit is still refused before the view. Empty: every admitted request.",
+    )
+    reset_on = models.CharField(
+        "reset on",
+        max_length=100,
+        blank=True,
+        help_text="Responses that clear the client's count (and lockout): status codes and "
+        "classes, or login (Django's user_logged_in during the request). Empty: none.",
+    )
+    lockout = models.PositiveIntegerField(
+        default=0,
+        help_text="Seconds a client this policy refuses stays refused, whatever its count "
+        "does; Retry-After says when it ends, and Reset this client ends it. 0: none.",
+    )
+    calendar = models.CharField(
+        max_length=5,
+        blank=True,
+        choices=[("day", "calendar day"), ("week", "calendar week (from Monday)"),
+                 ("month", "calendar month")],
+        help_text="Fixed window only: count per day, week or month of settings.TIME_ZONE, "
+        "reset at local midnight and on the 1st, instead of per period.",
     )
     max_wait = models.FloatField(
         "max wait",
@@ -309,6 +366,7 @@ class Policy(models.Model):
         error = rollout_error(self.key, self.rollout)
         if error is not None:
             add("rollout", error)
+        self._check_counted(add)
         self._check_learned(add)
         if (self.batch is not None and self.counting == Counting.PER_PROCESS
                 and self.algorithm not in LEARNED_ALGORITHMS):
@@ -320,6 +378,24 @@ class Policy(models.Model):
         self._check_rate(add)
         if errors:
             raise ValidationError(errors)
+
+    def _check_counted(self, add: Any) -> None:
+        """What is charged: the responses (`charge_on`, `reset_on`), the cost function,
+        the calendar (which sets the period its windows are nominally long)."""
+        for field, word in (("charge_on", CHARGE_WORD), ("reset_on", RESET_WORD)):
+            value = (getattr(self, field) or "").strip()
+            setattr(self, field, value)
+            try:
+                parse_responses(value, word)
+            except ValueError as exc:
+                add(field, str(exc)[0].upper() + str(exc)[1:] + ".")
+        self.cost_function = (self.cost_function or "").strip()
+        if self.cost_function:
+            error = cost_function_error(self.cost_function)
+            if error is not None:
+                add("cost_function", error)
+        if self.calendar in NOMINAL_SECONDS:
+            self.period = NOMINAL_SECONDS[self.calendar]
 
     def _check_learned(self, add: Any) -> None:
         """An adaptive policy learns one limit per process from everything it matches:
@@ -422,6 +498,10 @@ class Policy(models.Model):
             max_wait=float(self.max_wait or 0),
             warmup=float(self.warmup or 0),
             floor=self.floor,
+            lockout=float(self.lockout or 0),
+            stage=CHECK if (self.charge_on or "").strip() else CHARGE,
+            calendar=self.calendar or "",
+            zone=time_zone(),
         )
 
     @property
@@ -437,6 +517,8 @@ class Policy(models.Model):
             text = f"{self.floor or 1} to {self.limit} at a time, learnt"
         elif spec is not None and spec.holds_slots:
             text = f"{self.limit} at a time"
+        elif self.calendar:
+            text = f"{self.limit} per calendar {self.calendar}"
         else:
             text = f"{self.limit} per {human_period(self.period or 1)}"
         if self.burst is not None:
@@ -447,6 +529,10 @@ class Policy(models.Model):
             text += f", waits up to {self.max_wait:g} s"
         if self.warmup:
             text += f", warm-up {self.warmup} s"
+        if self.charge_on:
+            text += f", charged on {self.charge_on}"
+        if self.lockout:
+            text += f", lockout {human_period(self.lockout)}"
         return text
 
     human_rate.short_description = "rate"  # type: ignore[attr-defined]

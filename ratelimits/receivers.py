@@ -1,5 +1,6 @@
 """Signal receivers: policy, override and group-member changes reach every process; a
-deleted policy's figures go with it; throttle-held slots get freed."""
+deleted policy's figures go with it; throttle-held slots get freed; a failed or
+successful login marks its request for `charge_on` and `reset_on`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.signals import request_finished, request_started
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
@@ -21,6 +23,7 @@ from ratelimits.pipeline.declared import registry
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.evaluation import release
 from ratelimits.pipeline.resolver import resolver
+from ratelimits.pipeline.settling import mark_signal
 
 logger = logging.getLogger("ratelimits")
 
@@ -112,6 +115,18 @@ def _on_request_finished(**kwargs: Any) -> None:
         for request in pending:
             release(request)
         pending.clear()
+
+
+@receiver(user_login_failed, dispatch_uid="ratelimits.login_failed")
+def _login_failed(sender: Any, request: Any = None, **kwargs: Any) -> None:
+    """A policy charging on `login_failed` charges this request (see `settling`)."""
+    mark_signal(request, failed=True)
+
+
+@receiver(user_logged_in, dispatch_uid="ratelimits.logged_in")
+def _logged_in(sender: Any, request: Any = None, **kwargs: Any) -> None:
+    """A policy resetting on `login` clears this client's count (see `settling`)."""
+    mark_signal(request, failed=False)
 
 
 @receiver(post_migrate, dispatch_uid="ratelimits.write_declared")

@@ -15,7 +15,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
-from ratelimits.pipeline import evaluation
+from ratelimits.pipeline import evaluation, settling
 from ratelimits.pipeline.state import state_for
 from ratelimits.pipeline.verdict import UNAVAILABLE
 from ratelimits.receivers import release_when_finished
@@ -53,6 +53,8 @@ class PolicyThrottle(BaseThrottle):
             return True
         if state.holds and not state.middleware:
             release_when_finished(request)
+        if state.pending and not state.middleware:
+            _settle_when_finalized(view, state)
         if verdict.status == UNAVAILABLE:
             raise RateLimitStoreUnavailable(verdict.retry_after)
         if not verdict.allowed:
@@ -68,3 +70,20 @@ class PolicyThrottle(BaseThrottle):
     def wait(self) -> int | None:
         """Seconds until the refused request could pass (DRF's Retry-After), at least 1."""
         return self._wait
+
+
+def _settle_when_finalized(view: Any, state: Any) -> None:
+    """Without the middleware, the view's `finalize_response` is where a DRF response
+    is last seen whole: a policy charging only some responses (`charge_on`) charges it
+    there (`settling`). The view instance serves this one request."""
+    original = view.finalize_response
+    if getattr(original, "ratelimits_settles", False):
+        return
+
+    def finalize_response(request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = original(request, response, *args, **kwargs)
+        settling.settle(request, state, response)
+        return response
+
+    finalize_response.ratelimits_settles = True  # type: ignore[attr-defined]
+    view.finalize_response = finalize_response

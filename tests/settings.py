@@ -15,6 +15,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",  # the admin's CSS for the browser test's live server
     "rest_framework",
+    "rest_framework.authtoken",  # the token view the login tests post to
     "ratelimits",
 ]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -54,6 +54,7 @@ def test_add_form_shows_validation_messages_on_the_field(admin_client):
             "priority": 0,
             "max_wait": 0,
             "warmup": 0,
+            "lockout": 0,
         },
     )
     assert response.status_code == 200

@@ -81,7 +81,8 @@ def test_each_invalid_combination_is_refused_on_its_field(changes, field, says):
 ADMIN_FORM = {"name": "x", "mode": "shadow", "algorithm": "fixed_window", "limit": 5,
               "period": 60, "burst": "", "cost": 1, "key": "ip", "path": "*", "methods": "",
               "scope": "", "on_error": "allow", "counting": "shared", "priority": 0,
-              "rollout": 100, "max_wait": 0, "warmup": 0, "overrides-TOTAL_FORMS": 0,
+              "rollout": 100, "max_wait": 0, "warmup": 0, "lockout": 0,
+              "overrides-TOTAL_FORMS": 0,
               "overrides-INITIAL_FORMS": 0}
 
 

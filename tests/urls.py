@@ -1,11 +1,15 @@
 """Views the request-path tests drive: plain Django (sync, async, streaming) and DRF."""
 
 from django.contrib import admin
+from django.contrib.auth.views import LoginView
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import include, path
+from rest_framework.authtoken.views import ObtainAuthToken, obtain_auth_token
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from ratelimits.throttling import PolicyThrottle
 
 
 def hello(request):
@@ -41,6 +45,12 @@ class Private(APIView):
         return Response({"secret": True})
 
 
+class ThrottledToken(ObtainAuthToken):
+    """DRF's token view sets no throttles: limited by the policies, as a site would."""
+
+    throttle_classes = [PolicyThrottle]
+
+
 class Plain(APIView):
     def get(self, request):
         return Response({"ok": True})
@@ -57,4 +67,9 @@ urlpatterns = [
     path("api/plain/", Plain.as_view()),
     path("api/private/", Private.as_view()),
     path("ratelimits/", include("ratelimits.urls")),
+    # Django's own login (a failure answers 200, a success 302) and DRF's token view
+    # (400, 200): what charge_on and reset_on are tested against
+    path("accounts/login/", LoginView.as_view(template_name="admin/login.html")),
+    path("api/token/", obtain_auth_token),
+    path("api/token-throttled/", ThrottledToken.as_view()),
 ]

@@ -49,7 +49,10 @@ def decide_flow(
     if (yield from _left_alone(ctx)):
         return None
     snap = yield from _snapshot()
-    return (yield from _decide(ctx, snap))
+    verdict = yield from _decide(ctx, snap)
+    if verdict is not None and not verdict.allowed:
+        state.pending.clear()  # refused: nothing to charge or clear after its response
+    return verdict
 
 
 def _left_alone(ctx: Context) -> Steps:
@@ -101,6 +104,8 @@ def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps
         vacate(place)
         raise
     settle(state, place, verdict)
+    if verdict.allowed:  # what its response may charge or clear (see `settling`)
+        state.pending += [p for p in planned if p.policy.charge_on or p.policy.reset_on]
     if decision is UNREACHED:
         return verdict  # the store is out of reach: the version waits for it
     state.version_seen = True
@@ -129,11 +134,12 @@ def _none_match(ctx: Context, snap: Snapshot, second_pass: bool) -> Steps:
 
 def _plan(ctx: Context, snap: Snapshot, policies: Sequence[Any]) -> Steps:
     """(planned, failed) for `policies` (see `plan.plan`): the user loaded first when a
-    key reads it; in a thread when a key or the tier runs your code."""
+    key reads it; in a thread when a key, the tier or a cost function runs your code."""
     kinds = {p.key_spec.kind for p in policies}
     if kinds & KEY_KINDS.reads_user:
         yield UserLoad(ctx.request)
     config = ctx.config
-    if kinds & KEY_KINDS.calls_code or (config["TIER"] and any(p.overrides for p in policies)):
+    if (kinds & KEY_KINDS.calls_code or any(p.cost_of for p in policies)
+            or (config["TIER"] and any(p.overrides for p in policies))):
         return (yield Blocking(plan, ctx.request, policies, config, ctx.state, snap.members))
     return plan(ctx.request, policies, config, ctx.state, snap.members)

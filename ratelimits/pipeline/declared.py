@@ -33,7 +33,7 @@ SCOPES_ATTR = "ratelimit_scopes"
 #: The fields the code owns; the operator owns the rest (mode after the first start,
 #: rollout, on_error, priority, description, overrides).
 CODE_FIELDS = ("algorithm", "limit", "period", "burst", "cost", "max_wait", "warmup", "key",
-               "methods", "path", "scope")
+               "methods", "path", "scope", "charge_on", "reset_on", "lockout", "calendar")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class Declaration:
 
     name: str
     fields: tuple[tuple[str, Any], ...]  # CODE_FIELDS' values, then "mode"
+    #: A function of the request giving its cost (`@ratelimit(cost=...)`), else None.
+    cost_of: Callable[[Any], Any] | None = None
 
     @property
     def scope(self) -> str:
@@ -89,26 +91,31 @@ class Registry:
 
     def declare(
         self, name: str, mode: str, *, reader: Callable[[Any], Any] | None = None,
-        replace: bool = False, **code: Any
+        cost_of: Callable[[Any], Any] | None = None, replace: bool = False, **code: Any
     ) -> Declaration:
         """Register a declaration; ImproperlyConfigured when it is invalid or the same
         name was declared with other figures (two views may share one declaration),
         unless `replace`: then the new figures apply from the next request on (a rate
         read from settings that changed). `reader`, a function of the request,
-        identifies the client instead of `key` (which becomes `code:<name>`)."""
+        identifies the client instead of `key` (which becomes `code:<name>`); `cost_of`,
+        a function of the request, gives its cost instead of `cost`."""
         from ratelimits.models import Mode  # not at the top: see `Declaration.policy`
 
         if reader is not None:
             code["key"] = f"code:{name}"
 
         code.setdefault("path", "*")
+        for name_, default in (("charge_on", ""), ("reset_on", ""), ("lockout", 0),
+                               ("calendar", "")):
+            code.setdefault(name_, default)
         code["scope"] = SCOPE_PREFIX + name
         if mode not in Mode.values:
             raise ImproperlyConfigured(
                 f"@ratelimit(name={name!r}): mode {mode!r} is not one of "
                 f"{', '.join(Mode.values)}"
             )
-        declaration = Declaration(name, (*((k, code[k]) for k in CODE_FIELDS), ("mode", mode)))
+        declaration = Declaration(name, (*((k, code[k]) for k in CODE_FIELDS), ("mode", mode)),
+                                  cost_of)
         policy = declaration.policy()
         try:
             policy.full_clean(validate_unique=False)
@@ -119,7 +126,7 @@ class Registry:
             raise ImproperlyConfigured(f"@ratelimit(name={name!r}): {problems}") from None
         # clean() normalises (methods "post" -> "POST"): keep what it made of them
         declaration = Declaration(
-            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode))
+            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode)), cost_of
         )
         with self._lock:
             known = self.declared.get(name)

@@ -12,6 +12,7 @@ from ratelimits.engine.types import Limit
 from ratelimits.pipeline.report import log_identity_error
 
 logger = logging.getLogger("ratelimits")
+_set = object.__setattr__
 _NO_MEMBERS: Mapping[str, frozenset[str]] = {}
 
 
@@ -73,8 +74,35 @@ def plan(
             )
             if rule is not None and rule.exempt:
                 continue  # this client is exempt from this policy
-        planned.append(Planned(policy, identity, policy.limit_for(identity, rule)))
+        limit = policy.limit_for(identity, rule)
+        if policy.cost_of is not None:
+            _set(limit, "cost", cost_of(request, policy, limit))
+        planned.append(Planned(policy, identity, limit))
     return planned, failed
+
+
+def cost_of(request: Any, policy: Any, limit: Limit) -> int:
+    """The cost `policy`'s cost function gives `request`. A cost above what the limit can
+    ever hold is cut to it (the request takes a full allowance, never passes for free);
+    a function that fails, or answers something other than a positive integer, is logged
+    and the policy's own cost charged."""
+    try:
+        cost = policy.cost_of(getattr(request, "_request", request))
+    except Exception:
+        logger.exception("ratelimits: policy %r: its cost function failed; charged the "
+                         "policy's cost, %s", policy.name, limit.cost)
+        return limit.cost
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        logger.error("ratelimits: policy %r: its cost function answered %.80r, not a "
+                     "positive integer; charged the policy's cost, %s", policy.name, cost,
+                     limit.cost)
+        return limit.cost
+    capacity = limit.capacity
+    if cost > capacity:
+        logger.warning("ratelimits: policy %r: a request costing %s is charged %s, all its "
+                       "limit can hold", policy.name, cost, capacity)
+        return capacity
+    return cost
 
 
 def tier_of(request: Any, state: Any, config: Mapping[str, Any]) -> str | None:

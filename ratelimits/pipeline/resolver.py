@@ -21,7 +21,7 @@ import functools
 import hashlib
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,12 @@ from ratelimits.engine.types import Limit
 from ratelimits.matching.keykinds import parse_key
 from ratelimits.matching.overrides import OverrideTable, Rule, parse_match
 from ratelimits.matching.paths import PathPattern
+from ratelimits.matching.responses import (
+    CHARGE_WORD,
+    RESET_WORD,
+    ResponseRule,
+    parse_responses,
+)
 from ratelimits.pipeline.declared import numbered, registry
 from ratelimits.pipeline.state import process
 from ratelimits.rates import parse_rate
@@ -130,6 +136,12 @@ class CompiledPolicy:
     counting: str = "shared"  # "per_process": decided in this process alone
     rollout: int = 100  # percent of clients an enforced policy is enforced for
     overrides: OverrideTable | None = None  # None: the policy has none
+    #: The responses charged (None: every admitted request, charged before the view) and
+    #: those that clear the client's count (None: none); see `pipeline.settling`.
+    charge_on: ResponseRule | None = None
+    reset_on: ResponseRule | None = None
+    #: A function of the request giving its cost (None: the template's).
+    cost_of: Callable[[Any], Any] | None = None
 
     @property
     def shadow(self) -> bool:
@@ -219,7 +231,32 @@ def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy
         counting=policy.counting,
         rollout=_rollout(policy),
         overrides=_compile_overrides(policy, _overridable(policy, overrides)),
+        charge_on=parse_responses(getattr(policy, "charge_on", ""), CHARGE_WORD),
+        reset_on=parse_responses(getattr(policy, "reset_on", ""), RESET_WORD),
+        cost_of=_cost_function(policy),
     )
+
+
+def _cost_function(policy: Any) -> Callable[[Any], Any] | None:
+    """The function giving a request's cost under `policy`: the one its declaration in
+    code was given, or the one its `cost_function` names (one that cannot be imported
+    is logged, and the policy's cost is charged)."""
+    from django.utils.module_loading import import_string
+
+    declaration = registry.declared.get(policy.name) if policy.declared else None
+    if declaration is not None and declaration.cost_of is not None:
+        return declaration.cost_of
+    path = (getattr(policy, "cost_function", "") or "").strip()
+    if not path:
+        return None
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        logger.error("ratelimits: policy %r: its cost function %r cannot be imported (%s); "
+                     "each request is charged the policy's cost, %s", policy.name, path, exc,
+                     policy.cost)
+        return None
+    return found if callable(found) else None
 
 
 def _rollout(policy: Any) -> int:

@@ -44,6 +44,11 @@ class RequestState:
     #: RATELIMITS["TIER"]'s answer for this request, once asked (`tier_known`).
     tier: str | None = None
     tier_known: bool = False
+    #: Planned policies whose charge (`charge_on`) or reset (`reset_on`) waits for the
+    #: response (see `settling`), and the signals that fired during the request.
+    pending: list[Any] = field(default_factory=list)
+    login_failed: bool = False
+    logged_in: bool = False
     #: The time to decide this request at, when its glue fixes one (a DRF throttle whose
     #: `timer` a test replaced); None: `runtime.decision_time()`.
     now: float | None = None

@@ -305,6 +305,7 @@ def test_a_policy_saved_in_the_admin_is_seen_by_the_next_request(
         "methods": "",
         "scope": "",
         "on_error": "allow", "counting": "shared", "rollout": 100, "max_wait": 0, "warmup": 0,
+        "lockout": 0,
         "overrides-TOTAL_FORMS": 0, "overrides-INITIAL_FORMS": 0,
     }
     engine = get_engine()

@@ -1,0 +1,265 @@
+"""Count what matters, through the request path: charge by outcome (`charge_on`,
+`reset_on`), lockouts, cost per request, calendar windows. Django's own `LoginView`
+and DRF's token view are the views, through the middleware, `@ratelimit` and
+`PolicyThrottle`, on Redis and in process."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.http import HttpResponse
+from django.test import Client, RequestFactory
+
+from ratelimits.decorators import ratelimit
+from ratelimits.models import Policy
+from ratelimits.pipeline.declared import registry
+from ratelimits.runtime import using_clock
+from ratelimits.testing import Clock
+
+pytestmark = pytest.mark.django_db
+
+LOGIN = "/accounts/login/"
+TOKEN = "/api/token/"
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password="right-horse")
+
+
+def attempt(client, password, username="alice", path=LOGIN, **extra):
+    return client.post(path, {"username": username, "password": password}, **extra).status_code
+
+
+# -- charge_on: only failures count --------------------------------------------------------
+
+
+def test_django_login_charges_only_failed_logins(client, make_policy, any_store, alice):
+    make_policy(name="login-user", key="post:username", path=LOGIN, methods="POST",
+                limit=3, period=900, charge_on="login_failed")
+    # successes (302) are never charged: a strict limit lets the right password through
+    assert [attempt(Client(), "right-horse") for _ in range(5)] == [302] * 5
+    # failures (LoginView re-renders the form: 200) are
+    assert [attempt(client, "wrong") for _ in range(3)] == [200, 200, 200]
+    # at the limit: refused before the view, the right password too
+    assert attempt(client, "right-horse") == 429
+    assert attempt(client, "wrong") == 429
+    # another username is its own client
+    assert attempt(client, "wrong", username="bob") == 200
+
+
+def test_the_async_stack_charges_failures_after_the_response(make_policy, any_store, alice):
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    make_policy(name="login-user", key="post:username", path=LOGIN, methods="POST",
+                limit=2, period=900, charge_on="login_failed", reset_on="login")
+    client = AsyncClient()
+
+    async def attempts(*passwords):
+        return [(await client.post(LOGIN, {"username": "alice", "password": p})).status_code
+                for p in passwords]
+
+    assert async_to_sync(attempts)("wrong", "right-horse", "wrong", "wrong", "right-horse") == [
+        200, 302, 200, 200, 429]
+
+
+def test_a_login_resets_the_count(client, make_policy, any_store, alice):
+    make_policy(name="login-user", key="post:username", path=LOGIN, methods="POST",
+                limit=3, period=900, charge_on="login_failed", reset_on="login")
+    assert [attempt(client, "wrong") for _ in range(2)] == [200, 200]
+    assert attempt(Client(), "right-horse") == 302  # clears the two failures
+    assert [attempt(client, "wrong") for _ in range(3)] == [200, 200, 200]
+    assert attempt(client, "wrong") == 429
+
+
+def test_status_classes_charge_drf_token_failures_through_the_throttle(
+    make_policy, any_store, alice, settings
+):
+    """No middleware: PolicyThrottle decides, and the view's own response is charged."""
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "ratelimits" not in m]
+    path = "/api/token-throttled/"
+    make_policy(name="token-ip", key="ip", path=path, limit=2, period=600, charge_on="4xx")
+    client = Client()
+    assert [attempt(client, "right-horse", path=path) for _ in range(4)] == [200] * 4
+    assert [attempt(client, "wrong", path=path) for _ in range(2)] == [400, 400]
+    assert attempt(client, "right-horse", path=path) == 429
+
+
+def test_login_failed_covers_the_drf_token_view(client, make_policy, any_store, alice):
+    """DRF's token view calls authenticate() with the request: its failures send
+    user_login_failed like Django's LoginView."""
+    make_policy(name="token-user", key="post:username", path=TOKEN, limit=1, period=600,
+                charge_on="login_failed")
+    assert attempt(client, "wrong", path=TOKEN) == 400
+    assert attempt(client, "right-horse", path=TOKEN) == 429
+
+
+def test_a_refused_request_is_not_charged_by_its_429(
+    client, make_policy, any_store, django_capture_on_commit_callbacks
+):
+    """A 429 of another policy is a 4xx the view never answered: nothing is charged."""
+    make_policy(name="hello-4xx", path="/hello/", limit=1, period=600, charge_on="4xx")
+    make_policy(name="hello-tight", path="/hello/", limit=1, period=600, priority=1)
+    assert client.get("/hello/").status_code == 200
+    assert client.get("/hello/").status_code == 429  # hello-tight's; hello-4xx not charged
+    with django_capture_on_commit_callbacks(execute=True):
+        Policy.objects.filter(name="hello-tight").delete()
+    # hello-4xx still has its one unit: a 200 is never charged
+    assert [client.get("/hello/").status_code for _ in range(3)] == [200, 200, 200]
+
+
+# -- lockout -----------------------------------------------------------------------------
+
+
+def test_a_lockout_outlasts_the_window_and_reset_ends_it(client, make_policy, any_store):
+    from ratelimits.ops.reset import reset_client
+
+    policy = make_policy(name="login-ip", key="ip", path=LOGIN, methods="POST", limit=2,
+                         period=60, charge_on="login_failed", lockout=600)
+    with using_clock(Clock(1_800_000_000)) as clock:
+        assert [attempt(client, "wrong") for _ in range(2)] == [200, 200]
+        refused = client.post(LOGIN, {"username": "x", "password": "y"})
+        assert refused.status_code == 429
+        assert refused["Retry-After"] == "600"
+        clock.advance(120)  # the window is long gone: the lockout still holds
+        refused = client.post(LOGIN, {"username": "x", "password": "y"})
+        assert (refused.status_code, refused["Retry-After"]) == (429, "480")
+        reset_client(policy, "127.0.0.1")
+        assert attempt(client, "wrong") == 200
+
+
+def test_the_admin_warns_of_a_lockout_an_attacker_can_aim(admin_client):
+    response = admin_client.post("/admin/ratelimits/policy/add/", {
+        "name": "login-user", "mode": "shadow", "rollout": 100, "algorithm": "fixed_window",
+        "limit": 5, "period": 900, "cost": 1, "max_wait": 0, "warmup": 0,
+        "counting": "shared", "key": "post:username", "path": LOGIN, "on_error": "allow",
+        "priority": 0, "lockout": 3600, "charge_on": "login_failed",
+        "overrides-TOTAL_FORMS": 0, "overrides-INITIAL_FORMS": 0,
+    }, follow=True)
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "lock a victim out" in text
+
+
+# -- cost per request ----------------------------------------------------------------------
+
+
+def rows_asked(request):
+    """A cost function named by path: the rows an export asks for."""
+    return int(request.GET.get("rows", "1"))
+
+
+def test_a_cost_function_named_by_path(client, make_policy, any_store, caplog):
+    make_policy(name="export", path="/hello/", limit=100, period=3600,
+                cost_function="tests.pipeline.test_counting.rows_asked")
+    assert client.get("/hello/?rows=60").status_code == 200
+    refused = client.get("/hello/?rows=50")
+    assert refused.status_code == 429
+    assert refused["RateLimit"].startswith('"export";r=40;')
+    assert client.get("/hello/?rows=40").status_code == 200
+    assert client.get("/hello/?rows=1").status_code == 429
+
+
+def test_a_wrong_cost_is_logged_and_the_policy_cost_charged(client, make_policy, any_store,
+                                                            caplog):
+    make_policy(name="export", path="/hello/", limit=3, period=3600, cost=1,
+                cost_function="tests.pipeline.test_counting.rows_asked")
+    with caplog.at_level(logging.ERROR, logger="ratelimits"):
+        assert client.get("/hello/?rows=-3").status_code == 200  # charged 1, not free
+        assert client.get("/hello/?rows=abc").status_code == 200  # the function raised
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("answered -3, not a positive integer" in m for m in messages)
+    assert any("its cost function failed" in m for m in messages)
+    # too costly to ever fit: it costs all the limit holds, so it needs a full allowance
+    assert client.get("/hello/?rows=500").status_code == 429  # one unit is left
+    fresh = Client(REMOTE_ADDR="10.0.0.9")
+    assert fresh.get("/hello/?rows=500").status_code == 200
+    assert fresh.get("/hello/?rows=1").status_code == 429
+
+
+_factory = RequestFactory()
+
+
+@pytest.fixture
+def views():
+    """Decorated views, declared for this test only."""
+    before = dict(registry.declared)
+
+    @ratelimit(name="bulk", rate="10/h", key="ip",
+               cost=lambda request: len(request.POST.getlist("id")))
+    def bulk(request):
+        return HttpResponse("done")
+
+    @ratelimit(name="otp", rate="2/10m", key="ip", charge_on="401", lockout=3600)
+    def otp(request):
+        return HttpResponse(status=204 if request.POST.get("code") == "123456" else 401)
+
+    registry.forget_written()
+    yield {"bulk": bulk, "otp": otp}
+    registry.restore(before)
+    registry.forget_written()
+
+
+def test_the_decorator_takes_a_cost_function(any_store, views):
+    def post(n):
+        return views["bulk"](_factory.post("/bulk/", {"id": list(range(n))}))
+
+    assert post(7).status_code == 200
+    refused = post(4)
+    assert refused.status_code == 429
+    assert post(3).status_code == 200
+
+
+def test_the_decorator_charges_by_outcome_with_a_lockout(any_store, views):
+    with using_clock(Clock(1_800_000_000)):
+        def code(value):
+            return views["otp"](_factory.post("/otp/", {"code": value}))
+
+        assert [code("123456").status_code for _ in range(3)] == [204] * 3
+        assert [code("000000").status_code for _ in range(2)] == [401, 401]
+        refused = code("123456")
+        assert (refused.status_code, refused["Retry-After"]) == (429, "3600")
+
+
+# -- calendar ----------------------------------------------------------------------------
+
+
+def test_a_daily_quota_resets_at_local_midnight(client, make_policy, any_store, settings):
+    settings.TIME_ZONE = "Europe/Paris"
+    make_policy(name="daily", path="/hello/", limit=2, period=60, calendar="day")
+    policy = Policy.objects.get(name="daily")
+    assert policy.period == 86_400 and policy.human_rate() == "2 per calendar day"
+    before = dt.datetime(2027, 3, 27, 23, 59, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
+    with using_clock(Clock(before)) as clock:
+        assert [client.get("/hello/").status_code for _ in range(2)] == [200, 200]
+        refused = client.get("/hello/")
+        assert (refused.status_code, refused["Retry-After"]) == (429, "60")
+        clock.advance(60)
+        assert client.get("/hello/").status_code == 200
+
+
+# -- the policy's own validation -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "field", "words"), [
+    ({"charge_on": "4x"}, "charge_on", "'4x' is not a status code"),
+    ({"reset_on": "login_failed"}, "reset_on", "or 'login'"),
+    ({"calendar": "day", "algorithm": "sliding_window"}, "calendar",
+     "applies only to fixed_window"),
+    ({"lockout": 60, "batch": 2}, "lockout", "nor with a batch"),
+    ({"charge_on": "4xx", "algorithm": "concurrency"}, "charge_on", "holds a slot"),
+    ({"cost_function": "no.such.module.fn"}, "cost_function", "cannot be imported"),
+    ({"cost_function": "ratelimits.conf.SETTINGS"}, "cost_function", "is not a function"),
+])
+def test_the_new_fields_are_refused_with_what_to_fix(fields, field, words):
+    values = {"name": "p", "mode": "enforce", "algorithm": "fixed_window", "limit": 10,
+              "period": 60, "key": "ip"}
+    policy = Policy(**{**values, **fields})
+    with pytest.raises(ValidationError) as caught:
+        policy.full_clean()
+    assert words in " ".join(caught.value.message_dict[field])
