@@ -11,6 +11,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis
 
 import redis
 from redis.backoff import NoBackoff
@@ -90,6 +94,9 @@ class RedisProcess:
             self.workdir = ""
 
 
+_SETNAME_LINE = re.compile(
+    r'^[\d.]+ \[\d+ (?P<client>[^\]]+)\] "(?i:client)" "(?i:setname)" "(?P<name>[^"]*)"'
+)
 _MONITOR_LINE = re.compile(
     r'^(?P<at>[\d.]+) \[\d+ (?P<client>[^\]]+)\] "(?P<cmd>[^"]+)"(?: "(?P<sha>[^"]*)")?'
 )
@@ -118,6 +125,16 @@ class Monitor:
         self.out = path.open("w")
         self.proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=self.out)
         time.sleep(0.2)  # MONITOR is on before the first command to watch
+
+    def names(self, client: redis.Redis) -> dict[str, str]:
+        """Each connection's name (`CLIENT SETNAME`): those open now, and those that
+        named themselves while the monitor watched (a connection opened and closed)."""
+        names = {c["addr"]: c["name"] for c in client.client_list() if c.get("name")}
+        for line in self.path.read_text().splitlines():
+            m = _SETNAME_LINE.match(line)
+            if m:
+                names[m["client"]] = m["name"]
+        return names
 
     def scripts(self, of: str, since: float = 0.0,
                 until: float = float("inf")) -> list[tuple[float, str]]:

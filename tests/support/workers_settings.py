@@ -15,8 +15,12 @@ from tests.settings import RATELIMITS
 
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
                          "NAME": os.environ["WORKERS_DB"]}}
+# Each worker imports these settings after gunicorn forks it: its connections carry its
+# pid as their name, so a test can tell which worker sent what (`Monitor.names`).
 CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
-                      "LOCATION": os.environ["WORKERS_REDIS_URL"]}}
+                      "LOCATION": os.environ["WORKERS_REDIS_URL"],
+                      "OPTIONS": {"CONNECTION_POOL_KWARGS": {
+                          "client_name": f"worker-{os.getpid()}"}}}}
 RATELIMITS = {**RATELIMITS, "REJECT_VIEW": "tests.support.workers_settings.rejected"}
 ROOT_URLCONF = "tests.support.workers_settings"
 LOGGING = {"version": 1, "disable_existing_loggers": False}
