@@ -1,8 +1,9 @@
 """Reading access logs: files (plain or gzip), their formats and their timestamps.
 
 Formats: Combined / Common Log Format, and JSON lines (see `JSON_KEYS`). A parser turns a
-line into `(ip, user, stamp, method, path, query)` (user "-" or None: anonymous; query
-None: no "?" in the target); the stamp is converted to epoch seconds by the format's own
+line into `(ip, user, stamp, method, path, query, status)` (user "-" or None: anonymous;
+query None: no "?" in the target; status the response's, as text, or "-" or None when
+the line has none); the stamp is converted to epoch seconds by the format's own
 function, separately, so a replay converts each distinct stamp once. Each format also has
 a `fast` match for its common lines, whose groups are that same tuple; a line it does
 not match goes through the parser, which handles every case.
@@ -30,25 +31,26 @@ JSON_KEYS = {
     "method": ("method", "request_method"),
     "path": ("path", "uri", "request_uri", "url"),
     "user": ("user", "remote_user"),
+    "status": ("status", "status_code", "response_status"),
 }
 
 _CLF = re.compile(
-    r'(\S+) \S+ (\S+) \[([^\]]*)\] "([^"\\]*(?:\\.[^"\\]*)*)" (?:\d{3}|-) (?:\d+|-)(?:\s|$)'
+    r'(\S+) \S+ (\S+) \[([^\]]*)\] "([^"\\]*(?:\\.[^"\\]*)*)" (\d{3}|-) (?:\d+|-)(?:\s|$)'
 )
 # The common line: a plain "METHOD target PROTOCOL" request (no quotes, backslashes or
 # spaces inside its parts), split here into path and query. Whatever it matches, the
 # full parser would split the same way.
 _CLF_FAST = re.compile(
     r'(\S+) \S+ (\S+) \[([^\]]*)\] "([^\s"\\]+) ([^\s"\\?]+)(?:\?([^\s"\\]*))?'
-    r'(?: [^\s"\\]+)?" (?:\d{3}|-) (?:\d+|-)(?:\s|$)'
+    r'(?: [^\s"\\]+)?" (\d{3}|-) (?:\d+|-)(?:\s|$)'
 )
 _CLF_TIME = re.compile(
     r"(\d{1,2})/([A-Za-z]{3})/(\d{4}):(\d{2}):(\d{2}):(\d{2})(\.\d+)? ([+-])(\d{2}):?(\d{2})"
 )
 _MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
 
-#: ip, user, stamp, method, path, query
-Parsed = tuple["str | None", "str | None", Any, str, str, "str | None"]
+#: ip, user, stamp, method, path, query, status
+Parsed = tuple["str | None", "str | None", Any, str, str, "str | None", "str | None"]
 
 
 class LogError(ValueError):
@@ -89,11 +91,12 @@ def parse_combined(line: str) -> Parsed:
     m = _CLF.match(line)
     if m is None:
         raise BadLine("not a combined-log line")
-    ip, user, stamp, request = m.groups()
+    ip, user, stamp, request, status = m.groups()
     parts = request.split(" ")
     if len(parts) not in (2, 3):
-        return ip, None, stamp, "", "", None  # "-", a TLS probe ... not a request Django sees
-    return (ip, user, stamp, parts[0], *split_target(parts[1]))
+        # "-", a TLS probe ... not a request Django sees
+        return ip, None, stamp, "", "", None, status
+    return (ip, user, stamp, parts[0], *split_target(parts[1]), status)
 
 
 def split_target(target: str) -> tuple[str, str | None]:
@@ -140,7 +143,9 @@ def parse_json(line: str) -> Parsed:
     ip, user = _first(obj, "ip"), _first(obj, "user")
     user = None if user in (None, "", "-") else str(user)
     ip = None if ip is None else str(ip)
-    return (ip, user, stamp, str(method), *split_target(str(path)))
+    status = _first(obj, "status")
+    status = None if status is None or isinstance(status, bool) else str(status)
+    return (ip, user, stamp, str(method), *split_target(str(path)), status)
 
 
 def json_time(stamp: Any) -> float:

@@ -15,6 +15,7 @@ identities and prepared limits of a route, client IP and user (a plan) are cache
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from urllib.parse import unquote
 
 from ratelimits.engine.charging import Prepared
 from ratelimits.engine.memory import MemoryEngine
+from ratelimits.engine.types import SETTLE, Limit
 from ratelimits.matching.identity import bounded, client_ip
 from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.matching.paths import normalize_path
@@ -53,6 +55,10 @@ def unreplayable(policy: CompiledPolicy) -> str | None:
         return f"{algorithm} cannot be replayed from an access log"
     if policy.scope:
         return f"DRF scope {policy.scope!r}: a log does not say which view served a request"
+    for rule, field, word in ((policy.charge_on, "charge_on", "failed"),
+                              (policy.reset_on, "reset_on", "succeeded")):
+        if rule is not None and rule.signal and not (rule.statuses or rule.classes):
+            return f"{field}: an access log does not say whether a login {word}"
     return None
 
 
@@ -78,7 +84,7 @@ def _log_reader(kind: KeyKind) -> LogReader:
 class _Plan:
     """What to ask the engine for one route, client IP and user: computed once, reused."""
 
-    __slots__ = ("idents", "missing", "per_sec", "preps", "shard", "slots")
+    __slots__ = ("after", "idents", "missing", "per_sec", "preps", "shard", "slots")
 
     def __init__(
         self,
@@ -93,6 +99,9 @@ class _Plan:
         self.shard = shard  # the process that decides this client
         self.missing = missing  # matching policies with no identity for this client
         self.per_sec = per_sec  # shared by every plan with the same slots
+        #: What an admitted request's status may do after it: per policy with charge_on
+        #: or reset_on, (charge_on, reset_on, its settling prepared limit, its limit).
+        self.after: tuple[tuple[Any, Any, Prepared, Limit], ...] = ()
 
 
 def _path_of(target: str) -> str:
@@ -197,6 +206,7 @@ class Replayer:
             plan = self._plans[key] = _Plan((), (), [], (), {}, shard)
             return plan
         matched, idents, preps, missing = [], [], [], []
+        after: list[tuple[Any, Any, Prepared, Limit]] = []
         for i in self._route_slots[rid]:
             policy = self.policies[i]
             ident = _log_reader(self._kinds[i])(line, policy.key_spec.arg)
@@ -205,11 +215,17 @@ class Replayer:
                 continue
             matched.append(i)
             idents.append(ident)
-            preps.append(self.engine.prepare(policy.limit_for(ident)))
+            limit = policy.limit_for(ident)
+            preps.append(self.engine.prepare(limit))
+            if policy.charge_on is not None or policy.reset_on is not None:
+                settling = dataclasses.replace(limit, stage=SETTLE)
+                after.append((policy.charge_on, policy.reset_on,
+                              self.engine.prepare(settling), limit))
         group = tuple(matched)
         per_sec = self._groups.setdefault(group, {})
         slots = tuple(self.tallies[i] for i in group)
         plan = _Plan(slots, tuple(idents), preps, tuple(missing), per_sec, shard)
+        plan.after = tuple(after)
         self._plans[key] = plan
         return plan
 
@@ -255,7 +271,8 @@ class Replayer:
                 progress()  # type: ignore[misc]
             m = fast(line)
             try:
-                ip, user, stamp, method, path, query = m.groups() if m else parse(line)
+                ip, user, stamp, method, path, query, status = (
+                    m.groups() if m else parse(line))
                 moment = stamps.get(stamp)
                 if moment is None:
                     if len(stamps) >= CACHE_SIZE:
@@ -303,7 +320,9 @@ class Replayer:
                     slot.unidentified += 1
             if not plan.preps:
                 continue
-            _, allowed = decide(plan.preps, t)
+            admitted, allowed = decide(plan.preps, t)
+            if plan.after and admitted:
+                self._settle(plan.after, status, t)
             per_sec = plan.per_sec
             per_sec[sec] = per_sec.get(sec, 0) + 1
             if 0 in allowed:
@@ -324,6 +343,17 @@ class Replayer:
             first=first_t,
             last=None if first_t is None else clock,
         )
+
+    def _settle(self, after: tuple[tuple[Any, Any, Prepared, Limit], ...], status: Any,
+                t: float) -> None:
+        """An admitted request's status, as the middleware acts on its response: a
+        `reset_on` it names clears the client, a `charge_on` charges it (`settling`)."""
+        code = int(status) if status and status.isdigit() else None
+        for charge_on, reset_on, settling, limit in after:
+            if reset_on is not None and reset_on.matches(code, False):
+                self.engine.reset(limit, t)
+            elif charge_on is not None and charge_on.matches(code, False):
+                self.engine.decide([settling], t)
 
     def _tally(self, fmt: str, lines: int, **figures: Any) -> ShardTally:
         # Plans of the same policies share one per-second count; hand it to each policy.
