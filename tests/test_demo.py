@@ -62,6 +62,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
     assert "created enforce  shop-rollout" in first.stdout
     assert "created enforce  report-paced" in first.stdout
     assert "created enforce  busy-adaptive" in first.stdout
+    assert "created enforce  admin-login-failures" in first.stdout
     assert "created override hello-per-ip ip:10.0.0.0/8" in first.stdout
     again = run(["manage.py", "seed_policies"], demo_env)
     assert again.returncode == 0, again.stderr
@@ -75,7 +76,7 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
         ],
         demo_env,
     )
-    assert count.stdout.strip().splitlines()[-1] == "7"  # and "quote", declared in code
+    assert count.stdout.strip().splitlines()[-1] == "8"  # and "quote", declared in code
 
 
 def test_seeding_again_puts_the_tour_back_where_it_starts(demo_env):
@@ -111,7 +112,7 @@ def test_seeding_again_puts_the_tour_back_where_it_starts(demo_env):
 def test_the_page_gives_the_seeders_counts():
     from demo_project.demo.seed import EXAMPLE_OVERRIDES, EXAMPLE_POLICIES
 
-    words = {2: "two", 6: "six", 7: "seven"}
+    words = {2: "two", 6: "six", 7: "seven", 8: "eight"}
     page = " ".join(PAGE.read_text().split())
     seeded = f"seeds {words[len(EXAMPLE_POLICIES)]} example policies and " \
              f"{words[len(EXAMPLE_OVERRIDES)]} overrides"
@@ -464,6 +465,18 @@ def report():
         [code for code, _ in steady], steady[-1], burst, cold
 
 
+def login():
+    def attempt(password):
+        r = Client().post("/admin/login/", {"username": "tour", "password": password})
+        return r.status_code, r.get("Retry-After")
+
+    right = attempt("x")
+    wrong = [attempt("guess")[0] for _ in range(3)]
+    locked = [attempt("guess"), attempt("x")]
+    clock.advance(120)
+    return right, wrong, locked, attempt("x")
+
+
 def shell():
     assert codes("/slow/", 1) == [200]  # the server has just looked at its tables
     # saved by another process (manage.py shell): no signal reaches this one
@@ -477,7 +490,7 @@ def shell():
 
 
 STEPS = {f.__name__: f for f in (hello, shadow, enforce, rollout, items, quote, overrides,
-                                 report, shell)}
+                                 report, login, shell)}
 pause, *order = sys.argv[1:]
 results = {}
 for name in order:
@@ -507,11 +520,15 @@ TOUR_SAYS = {
     # after a second's wait each; ten idle seconds: cold again
     "report": [200, 429, "1", [[200, 2.0]], [200] * 10, [200, 0.0],
                [[200, 0.0]] * 4 + [[200, 1.0]] * 2, [200, 429]],
+    # a right password gets in (302); three wrong ones get the form again (200); the
+    # fourth attempt, and the right password then, 429 for the 2-minute lockout; after
+    # it, the right password gets in
+    "login": [[302, None], [200, 200, 200], [[429, "120"], [429, "120"]], [302, None]],
     # saved by another process: two 200, then 429, DB_CHECK_EVERY after the save
     "shell": [200, 200, 429],
 }
 PAGE_ORDER = ["hello", "shadow", "enforce", "rollout", "items", "quote", "overrides",
-              "report", "shell"]
+              "report", "login", "shell"]
 
 
 def tour(demo_env, *order, pause=120):
@@ -524,10 +541,10 @@ def tour(demo_env, *order, pause=120):
 
 @pytest.mark.parametrize("order", [
     PAGE_ORDER,
-    ["enforce", "rollout", "shell", "report", "overrides", "quote", "items", "shadow",
-     "hello"],
+    ["login", "enforce", "rollout", "shell", "report", "overrides", "quote", "items",
+     "shadow", "hello"],
     ["overrides", "hello", "rollout", "enforce", "quote", "shadow", "report", "items",
-     "shell"],
+     "shell", "login"],
 ], ids=["as-the-page-goes", "enforce-first", "overrides-first"])
 def test_each_step_of_the_tour_shows_what_the_page_says_in_any_order(demo_env, order):
     """A reader's pause of two minutes between steps: every window here is a minute or

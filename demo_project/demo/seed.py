@@ -1,6 +1,7 @@
 """The example policies the demo starts with: one enforced, one in shadow, one DRF scope,
 one rolled out to a quarter of the clients, one that warms up and lets requests wait,
-one that learns how many requests a slow service may take at once. Each has a path of
+one that learns how many requests a slow service may take at once, one that counts only
+failed logins and locks an address out. Each has a path of
 its own, so each step of the tour (docs/demo.md) works alone, in any order; the admin
 lists a seventh, "quote", declared in code on its view."""
 
@@ -77,6 +78,22 @@ EXAMPLE_POLICIES = [
         "period": 60,
         "key": "global",
         "path": "/busy/",
+    },
+    {
+        "name": "admin-login-failures",
+        "description": "Only failed logins count: 3 wrong passwords a minute per IP on the "
+        "admin's login, then the address is locked out for 2 minutes. A right password "
+        "before that is never refused, and clears the count.",
+        "mode": "enforce",
+        "algorithm": "sliding_log",
+        "limit": 3,
+        "period": 60,
+        "key": "ip",
+        "path": "/admin/login/",
+        "methods": "POST",
+        "charge_on": "login_failed",
+        "reset_on": "login",
+        "lockout": 120,
     },
 ]
 

@@ -263,3 +263,29 @@ def test_the_new_fields_are_refused_with_what_to_fix(fields, field, words):
     with pytest.raises(ValidationError) as caught:
         policy.full_clean()
     assert words in " ".join(caught.value.message_dict[field])
+
+
+# -- through PolicyThrottle: lockout, cost and calendar on a DRF scope ----------------------
+
+
+def test_the_throttle_applies_lockout_cost_and_calendar(client, make_policy, any_store,
+                                                        settings):
+    settings.TIME_ZONE = "Asia/Tokyo"
+    make_policy(name="items-locked", scope="items", limit=2, period=60, lockout=900)
+    make_policy(name="items-cost", scope="items", limit=20, period=3600,
+                cost_function="tests.pipeline.test_counting.rows_asked")
+    make_policy(name="items-daily", scope="items", limit=4, calendar="day")
+    late = dt.datetime(2027, 1, 15, 23, 0, tzinfo=ZoneInfo("Asia/Tokyo")).timestamp()
+    with using_clock(Clock(late)) as clock:
+        assert client.get("/api/items/?rows=8").status_code == 200
+        assert client.get("/api/items/?rows=13").status_code == 429  # 8 + 13 > 20
+        assert client.get("/api/items/?rows=2").status_code == 200
+        refused = client.get("/api/items/")  # items-locked's third in its minute
+        assert (refused.status_code, refused["Retry-After"]) == (429, "900")
+        clock.advance(900)  # 23:15 in Tokyo: the lockout is over
+        assert [client.get("/api/items/").status_code for _ in range(2)] == [200, 200]
+        refused = client.get("/api/items/")  # the day's fifth: refused until midnight
+        assert (refused.status_code, refused["Retry-After"]) == (429, "2700")
+        clock.advance(2700)
+        assert client.get("/api/items/").status_code == 200
+    assert Policy.objects.get(name="items-daily").human_rate() == "4 per calendar day"
