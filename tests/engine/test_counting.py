@@ -190,3 +190,19 @@ def test_calendar_is_refused_where_it_cannot_hold():
         Limit("k", "fixed_window", 5, 86_400, calendar="year")
     with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
         Limit("k", "fixed_window", 5, 86_400, calendar="day", zone="Mars/Olympus")
+
+
+def test_failures_in_flight_together_pass_at_most_limit_plus_in_flight(every_engine):
+    """The bound the docs give: requests checked while the client had room all run; each
+    is charged only if there is still room when it ends, so the count never passes the
+    limit, and what got through is at most the limit plus those in flight at once."""
+    check = Limit("u", "fixed_window", 3, 3600, name="login", stage=CHECK)
+    settle = dataclasses.replace(check, stage=SETTLE)
+    every_engine.evaluate([settle], now=T0)  # one failure charged: two units left
+    in_flight = [every_engine.evaluate([check], now=T0 + 1) for _ in range(4)]
+    assert all(d.allowed for d in in_flight)  # four checked at once, all with room
+    outcomes = [every_engine.evaluate([settle], now=T0 + 2).results[0].outcome
+                for _ in range(4)]  # all four fail
+    assert outcomes == [Outcome.CHARGED] * 2 + [Outcome.SPARED] * 2  # the count stops at 3
+    assert not every_engine.evaluate([check], now=T0 + 3).allowed
+    # through: 1 + 4 = 5 failures, within the limit (3) plus the 4 in flight at once

@@ -195,12 +195,17 @@ def views():
     def bulk(request):
         return HttpResponse("done")
 
+    @ratelimit(name="daily-export", rate="2/d", key="ip", algorithm="fixed_window",
+               calendar="day")
+    def daily_export(request):
+        return HttpResponse("exported")
+
     @ratelimit(name="otp", rate="2/10m", key="ip", charge_on="401", lockout=3600)
     def otp(request):
         return HttpResponse(status=204 if request.POST.get("code") == "123456" else 401)
 
     registry.forget_written()
-    yield {"bulk": bulk, "otp": otp}
+    yield {"bulk": bulk, "otp": otp, "daily_export": daily_export}
     registry.restore(before)
     registry.forget_written()
 
@@ -227,6 +232,20 @@ def test_the_decorator_charges_by_outcome_with_a_lockout(any_store, views):
 
 
 # -- calendar ----------------------------------------------------------------------------
+
+
+def test_the_decorator_counts_a_calendar_day(any_store, views, settings):
+    settings.TIME_ZONE = "America/Los_Angeles"
+    evening = dt.datetime(2027, 1, 15, 22, 0, tzinfo=ZoneInfo("America/Los_Angeles"))
+    with using_clock(Clock(evening.timestamp())) as clock:
+        def export():
+            return views["daily_export"](_factory.get("/export/"))
+
+        assert [export().status_code for _ in range(2)] == [200, 200]
+        refused = export()
+        assert (refused.status_code, refused["Retry-After"]) == (429, "7200")
+        clock.advance(7200)  # midnight in Los Angeles
+        assert export().status_code == 200
 
 
 def test_a_daily_quota_resets_at_local_midnight(client, make_policy, any_store, settings):
