@@ -35,8 +35,9 @@ local function check_all(keys, argv, now)
       tonumber(argv[o + ARG_BURST])
     local c, W, mw = tonumber(argv[o + ARG_COST]), tonumber(argv[o + ARG_WARMUP_US]),
       tonumber(argv[o + ARG_WAIT_US])
-    local cal, edge = nil, tonumber(argv[o + ARG_CAL1])
-    if edge > 0 then  -- a calendar window: the one holding the server's time
+    local cal, edge = nil, argv[o + ARG_CAL1]
+    if edge ~= '0' then  -- a calendar window: the one holding the server's time
+      edge = tonumber(edge)
       if now >= edge then
         cal = {edge, tonumber(argv[o + ARG_CAL2])}
       else
