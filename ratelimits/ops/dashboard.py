@@ -97,9 +97,14 @@ def hour_figures(policy: Policy, counts: observe.PolicyCounts) -> list[list[Figu
     if not refusals:
         refusals.append(("rl-refused", counts.refused, "refused", "refused"))
     share = share_of(counts)
+    admitted = [Figure("rl-admitted", short_count(counts.admitted),
+                       f"{counts.admitted:,} admitted", "admitted")]
+    if policy.charge_on or counts.charged:
+        admitted.append(Figure("rl-charged", short_count(counts.charged),
+                               f"{counts.charged:,} charged after their response "
+                               f"({policy.charge_on or 'charge on'})", "charged"))
     return [
-        [Figure("rl-admitted", short_count(counts.admitted), f"{counts.admitted:,} admitted",
-                "admitted")],
+        admitted,
         [*(Figure(css, short_count(n), f"{n:,} {long}", label)
            for css, n, label, long in refusals),
          Figure("rl-share", share, f"{share} of the requests refused or would have been"

@@ -36,7 +36,9 @@ class PolicyCounts:
     `would_reject`: a shadow policy would have refused. `spared`: this policy admitted
     but another refused the request, so nothing was charged. An adaptive policy's
     samples besides (`engines.SAMPLES` ...): how many, their latencies and the limits they
-    left, summed over every process.
+    left, summed over every process. `charged`: for a policy with `charge_on`, the
+    responses charged after they were answered (those requests are among `admitted`:
+    a figure beside the requests, not in `total`).
     """
 
     admitted: int = 0
@@ -46,11 +48,13 @@ class PolicyCounts:
     samples: int = 0
     latency_us: int = 0
     limit_sum: int = 0
+    charged: int = 0
 
     @classmethod
     def of(cls, raw: dict[str, int]) -> PolicyCounts:
         return cls(raw.get("a", 0), raw.get("r", 0), raw.get("w", 0), raw.get("o", 0),
-                   raw.get(SAMPLES, 0), raw.get(LATENCY_US, 0), raw.get(LIMIT_SUM, 0))
+                   raw.get(SAMPLES, 0), raw.get(LATENCY_US, 0), raw.get(LIMIT_SUM, 0),
+                   raw.get("c", 0))
 
     def __add__(self, other: PolicyCounts) -> PolicyCounts:
         return PolicyCounts(*(a + b for a, b in zip(_figures(self), _figures(other), strict=True)))

@@ -308,3 +308,30 @@ def test_the_throttle_applies_lockout_cost_and_calendar(client, make_policy, any
         clock.advance(2700)
         assert client.get("/api/items/").status_code == 200
     assert Policy.objects.get(name="items-daily").human_rate() == "4 per calendar day"
+
+
+# -- what operators see ---------------------------------------------------------------------
+
+
+def test_status_and_the_admin_list_show_what_was_charged_after_the_response(
+    client, make_policy, alice, admin_client
+):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    from ratelimits.pipeline.engines import get_engine
+
+    make_policy(name="login-user", key="post:username", path=LOGIN, methods="POST",
+                limit=5, period=900, charge_on="login_failed", lockout=60)
+    statuses = [attempt(client, p) for p in ("wrong", "wrong", "right-horse", "wrong")]
+    assert statuses == [200, 200, 302, 200]
+    get_engine().flush()  # the tally, sent now rather than within a second
+    out = io.StringIO()
+    call_command("ratelimits", "status", "--json", stdout=out)
+    (row,) = [p for p in json.loads(out.getvalue())["policies"] if p["name"] == "login-user"]
+    assert (row["charge_on"], row["lockout"]) == ("login_failed", 60)
+    assert (row["last_hour"]["admitted"], row["last_hour"]["charged"]) == (4, 3)
+    page = admin_client.get("/admin/ratelimits/policy/").content.decode()
+    assert "3 charged after their response (login_failed)" in page
