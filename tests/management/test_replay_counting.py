@@ -69,3 +69,12 @@ def test_replay_reads_the_status_of_json_lines(tmp_path, make_policy):
              "path": "/login/", "status_code": code} for i, code in enumerate([200, 403, 200])]
     report = replay(tmp_path, [json.dumps(r) + "\n" for r in rows], name="access.jsonl")
     assert by_name(report)["login-ip"]["refused"] == 1
+
+
+def test_replay_says_why_a_cost_function_cannot_be_replayed(tmp_path, make_policy):
+    make_policy(name="export", path="/login/", limit=100, period=3600,
+                cost_function="tests.pipeline.test_counting.rows_asked")
+    (tmp_path / "access.log").write_text(logged(200))
+    out = run("replay", str(tmp_path / "access.log"))
+    assert ("Not replayed: export: cost_function: an access log does not hold the request "
+            "its cost is computed from") in out

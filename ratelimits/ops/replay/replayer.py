@@ -55,6 +55,8 @@ def unreplayable(policy: CompiledPolicy) -> str | None:
         return f"{algorithm} cannot be replayed from an access log"
     if policy.scope:
         return f"DRF scope {policy.scope!r}: a log does not say which view served a request"
+    if policy.cost_of is not None:
+        return "cost_function: an access log does not hold the request its cost is computed from"
     for rule, field, word in ((policy.charge_on, "charge_on", "failed"),
                               (policy.reset_on, "reset_on", "succeeded")):
         if rule is not None and rule.signal and not (rule.statuses or rule.classes):
