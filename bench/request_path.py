@@ -71,9 +71,9 @@ def run(quick: bool = False) -> Section:
         Check("whole middleware path vs a bare `limits` hit", med[OURS] / med[LIMITS],
               "≥ 1.0×", med[OURS] / med[LIMITS] >= 1.0),
         Check("our Python per request (canned reply minus the view alone), µs",
-              1e6 / med[CANNED] - 1e6 / med[VIEW], "reference", True, unit=" µs"),
+              round(1e6 / med[CANNED] - 1e6 / med[VIEW], 1), "reference", True, unit=" µs"),
         Check("the whole path beyond the floor, µs per request",
-              1e6 / med[OURS] - 1e6 / med[FLOOR], "≤ 20 µs",
+              round(1e6 / med[OURS] - 1e6 / med[FLOOR], 1), "≤ 20 µs",
               1e6 / med[OURS] - 1e6 / med[FLOOR] <= 20, unit=" µs"),
     ]
     return section
