@@ -102,9 +102,9 @@ def cost_function_error(path: str) -> str | None:
 
     try:
         found = import_string(path)
-    except ImportError as exc:
-        return (f"{path[:100]!r} cannot be imported ({exc}); give the dotted path to a "
-                "function of the request, e.g. myapp.costs.rows_asked.")
+    except Exception as exc:  # ImportError, ValueError ("."), the module's own errors
+        return (f"{path[:100]!r} cannot be imported ({type(exc).__name__}: {exc}); give "
+                "the dotted path to a function of the request, e.g. myapp.costs.rows_asked.")
     if not callable(found):
         return f"{path[:100]!r} is not a function; give a function of the request."
     return None

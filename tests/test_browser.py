@@ -183,7 +183,9 @@ def test_the_policy_list_fits_a_laptop_screen_beside_the_navigation(
     page.set_viewport_size({"width": 1300, "height": 800})
     log_in(page, base)
     page.goto(f"{base}/admin/ratelimits/policy/")
-    assert page.locator("#nav-sidebar").is_visible()
+    # the admin's script opens the sidebar once the page has loaded: wait for it (an
+    # error if it never opens)
+    page.locator("#nav-sidebar").wait_for(state="visible", timeout=5000)
     box = page.evaluate("""() => {
         const table = document.querySelector('#result_list');
         const wrapper = table.parentElement;
@@ -399,7 +401,9 @@ def assert_inline_fits(page) -> None:
     """The overrides inline at the window's width, navigation open: its table, up to the
     Delete? header, lies inside the inline's box, nothing scrolls sideways, and no
     header is clipped."""
-    assert page.locator("#nav-sidebar").is_visible()
+    # the admin's script opens the sidebar once the page has loaded: wait for it (an
+    # error if it never opens)
+    page.locator("#nav-sidebar").wait_for(state="visible", timeout=5000)
     box = page.evaluate("""() => {
         const group = document.querySelector('#overrides-group');
         const table = group.querySelector('table');

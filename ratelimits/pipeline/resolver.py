@@ -251,7 +251,7 @@ def _cost_function(policy: Any) -> Callable[[Any], Any] | None:
         return None
     try:
         found = import_string(path)
-    except ImportError as exc:
+    except Exception as exc:  # ImportError, ValueError ("."), the module's own errors
         logger.error("ratelimits: policy %r: its cost function %r cannot be imported (%s); "
                      "each request is charged the policy's cost, %s", policy.name, path, exc,
                      policy.cost)

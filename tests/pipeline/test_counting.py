@@ -273,6 +273,7 @@ def test_a_daily_quota_resets_at_local_midnight(client, make_policy, any_store, 
     ({"lockout": 60, "batch": 2}, "lockout", "nor with a batch"),
     ({"charge_on": "4xx", "algorithm": "concurrency"}, "charge_on", "holds a slot"),
     ({"cost_function": "no.such.module.fn"}, "cost_function", "cannot be imported"),
+    ({"cost_function": "."}, "cost_function", "cannot be imported (ValueError"),
     ({"cost_function": "ratelimits.conf.SETTINGS"}, "cost_function", "is not a function"),
 ])
 def test_the_new_fields_are_refused_with_what_to_fix(fields, field, words):
