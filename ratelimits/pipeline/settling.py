@@ -27,16 +27,13 @@ from asgiref.sync import sync_to_async
 from ratelimits import runtime
 from ratelimits.engine.types import SETTLE, Limit
 from ratelimits.pipeline.engines import get_engine, get_local_engine
+from ratelimits.pipeline.layers import PER_PROCESS
 from ratelimits.pipeline.plan import Planned
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request
 
 logger = logging.getLogger("ratelimits")
 
 __all__ = ["asettle", "mark_signal", "settle"]
-
-#: A policy's `counting` when each process counts it alone (`layers.PER_PROCESS`).
-_PER_PROCESS = "per_process"
-
 
 def _taken(state: RequestState, response: Any) -> tuple[list[Planned], list[Planned]]:
     """The policies to charge (their limits set to settle) and those to reset for this
@@ -63,7 +60,7 @@ def _taken(state: RequestState, response: Any) -> tuple[list[Planned], list[Plan
 
 def _engine(planned: Planned) -> Any:
     """The engine that decides `planned`'s policy: this process's, or the store's."""
-    return get_local_engine() if planned.policy.counting == _PER_PROCESS else get_engine()
+    return get_local_engine() if planned.policy.counting == PER_PROCESS else get_engine()
 
 
 def _by_engine(charges: list[Planned]) -> list[tuple[Any, list[Limit]]]:

@@ -336,3 +336,12 @@ def test_status_and_the_admin_list_show_what_was_charged_after_the_response(
     assert (row["last_hour"]["admitted"], row["last_hour"]["charged"]) == (4, 3)
     page = admin_client.get("/admin/ratelimits/policy/").content.decode()
     assert "3 charged after their response (login_failed)" in page
+
+
+def test_a_per_process_policy_charges_failures_in_its_process(client, make_policy, alice):
+    make_policy(name="login-node", key="ip", path=LOGIN, methods="POST", limit=2,
+                period=900, counting="per_process", charge_on="login_failed",
+                reset_on="login")
+    assert attempt(client, "wrong") == 200
+    assert attempt(Client(), "right-horse") == 302  # clears the failure, in this process
+    assert [attempt(client, "wrong") for _ in range(3)] == [200, 200, 429]
