@@ -24,6 +24,7 @@ from django.utils.html import escape, format_html
 
 from ratelimits.checks import LOCKOUT_HINT, admin_index, lockout_message, locks_out_admin
 from ratelimits.engine.registry import BURST_ALGORITHMS, LEARNED_ALGORITHMS, REGISTRY
+from ratelimits.matching.keykinds import KEY_KINDS, parse_key
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import dashboard, observe, routes
 from ratelimits.ops.reset import reset_client
@@ -229,7 +230,7 @@ class PolicyAdmin(_ModelAdmin):
     def save_model(self, request: Any, obj: Policy, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         _warn_lockout(self, request, [obj])
-        if obj.lockout and obj.key.split(":", 1)[0] in CLIENT_WRITTEN_KEYS:
+        if obj.lockout and _aimable(obj.key):
             self.message_user(request, aimed_lockout_message(obj), messages.WARNING)
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
@@ -437,9 +438,11 @@ def _change_url(policy: Policy) -> str:
     return reverse("admin:ratelimits_policy_change", args=[policy.pk])
 
 
-#: Key kinds whose value the client writes itself: a lockout keyed by one is aimed by
-#: whoever sends it (a `call:` or code key may read such a value too).
-CLIENT_WRITTEN_KEYS = ("post", "query", "get", "header", "call", "code")
+def _aimable(key: str) -> bool:
+    """Whether a lockout by `key` can be aimed at someone else: its value is what the
+    client sends, or a function of yours reads the request (it may read such a value)."""
+    kind = KEY_KINDS[parse_key(key).kind]
+    return kind.client_sent or kind.calls_code
 
 
 def aimed_lockout_message(policy: Policy) -> str:

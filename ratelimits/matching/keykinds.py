@@ -92,6 +92,9 @@ class KeyKind:
     reads_user: bool = False
     #: Calls a function of the user's, which may block: the async stack runs it in a thread.
     calls_code: bool = False
+    #: Its value is whatever the client sends (a header, a parameter, a form field):
+    #: anyone can send someone else's, so a lockout keyed by it can be aimed at them.
+    client_sent: bool = False
     #: The identity an access log line gives; None when a log cannot tell it.
     from_log: LogReader | None = None
     #: Its `from_log` reads the query string.
@@ -368,13 +371,13 @@ KEY_KINDS = KeyKinds([
     KeyKind("global", _read_global, "global", hashed=False,
             from_log=lambda line, arg: "global", example="tier:<name>", typed=_typed_global),
     KeyKind("header", _read_header, "header:<Name>", _header_name,
-            "header: needs a header name, e.g. header:X-Api-Key",
+            "header: needs a header name, e.g. header:X-Api-Key", client_sent=True,
             not_in_log="an access log does not record request headers"),
     KeyKind("query", _read_query, "query:<name>", _query_name,
-            "query: needs a query parameter name, e.g. query:api_key",
+            "query: needs a query parameter name, e.g. query:api_key", client_sent=True,
             from_log=_query_from_log, log_query=True, aliases=("get",)),
     KeyKind("post", _read_post, "post:<field>", _query_name,
-            "post: needs a form field name, e.g. post:username"),
+            "post: needs a form field name, e.g. post:username", client_sent=True),
     KeyKind("call", _read_call, "call:<dotted.path>", _dotted_path,
             "call: needs a dotted path to a function, e.g. call:myapp.keys.tenant",
             calls_code=True, not_in_log="a key function needs the live request"),

@@ -133,17 +133,21 @@ def test_a_lockout_outlasts_the_window_and_reset_ends_it(client, make_policy, an
         assert attempt(client, "wrong") == 200
 
 
-def test_the_admin_warns_of_a_lockout_an_attacker_can_aim(admin_client):
+@pytest.mark.parametrize(("key", "warned"), [
+    ("post:username", True), ("get:email", True), ("header:X-Account", True),
+    ("ip", False), ("user", False),
+])
+def test_the_admin_warns_of_a_lockout_an_attacker_can_aim(admin_client, key, warned):
     response = admin_client.post("/admin/ratelimits/policy/add/", {
-        "name": "login-user", "mode": "shadow", "rollout": 100, "algorithm": "fixed_window",
-        "limit": 5, "period": 900, "cost": 1, "max_wait": 0, "warmup": 0,
-        "counting": "shared", "key": "post:username", "path": LOGIN, "on_error": "allow",
-        "priority": 0, "lockout": 3600, "charge_on": "login_failed",
+        "name": "login-locked", "mode": "shadow", "rollout": 100,
+        "algorithm": "fixed_window", "limit": 5, "period": 900, "cost": 1, "max_wait": 0,
+        "warmup": 0, "counting": "shared", "key": key, "path": LOGIN,
+        "on_error": "allow", "priority": 0, "lockout": 3600, "charge_on": "login_failed",
         "overrides-TOTAL_FORMS": 0, "overrides-INITIAL_FORMS": 0,
     }, follow=True)
     assert response.status_code == 200
-    text = response.content.decode()
-    assert "lock a victim out" in text
+    assert Policy.objects.filter(name="login-locked").exists()
+    assert ("lock a victim out" in response.content.decode()) is warned
 
 
 # -- cost per request ----------------------------------------------------------------------
