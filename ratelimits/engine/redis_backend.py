@@ -57,8 +57,8 @@ from ratelimits.engine.transport import (
     Command,
     Pipelined,
     Script,
+    Wire,
     guarded,
-    perform,
 )
 from ratelimits.engine.types import Decision, Limit
 
@@ -92,6 +92,8 @@ class RedisEngine(Acquiring):
         live_key: str | None = None,
     ) -> None:
         self.client: Any = client  # redis-py types sync and async replies as one union
+        #: the commands of the request path, on connections of their own (`Wire`)
+        self.wire = Wire(client)
         self.breaker = breaker
         self.prefix = prefix
         self.version_key = version_key
@@ -111,7 +113,7 @@ class RedisEngine(Acquiring):
 
     def perform(self, need: Any) -> Any:
         """Send one command (or pipeline) a flow needs, on this engine's client."""
-        return perform(self.client, need)
+        return self.wire.perform(need)
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
@@ -243,6 +245,7 @@ class RedisEngine(Acquiring):
     def close(self) -> None:
         """Send what is tallied and stop the tally's thread (also run at exit)."""
         self.tally.close()
+        self.wire.close()
 
     def _send(self, counts: Counts, offenders: Counts) -> None:
         pipe = self.client.pipeline(transaction=False)

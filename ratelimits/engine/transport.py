@@ -13,6 +13,8 @@ engine's: `EngineUnavailable` when the store is out of reach, `EngineError` othe
 from __future__ import annotations
 
 import hashlib
+import os
+import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -29,6 +31,7 @@ __all__ = [
     "Command",
     "Pipelined",
     "Script",
+    "Wire",
     "admit",
     "aperform",
     "failed",
@@ -77,6 +80,89 @@ def perform(client: redis.Redis, need: Need) -> Any:
     for command in need.commands:
         pipe.execute_command(*command)  # type: ignore[no-untyped-call]
     return pipe.execute(raise_on_error=False)
+
+
+class Wire:
+    """A blocking client's commands, sent on connections of this wire's own.
+
+    A command goes out on a connection taken from a stack that no lock guards (its pop
+    and append are atomic), written and read through the connection's public calls
+    (`send_command`, `read_response`), and is answered what `execute_command` answers:
+    commands with a reply callback (`PING`, `SCRIPT LOAD` ...) and pipelines take the
+    client's own path. Between that and redis-py's pool the difference is what a pool
+    does for every command (its lock, its bookkeeping, its observability hooks), about
+    half the client's CPU per round trip; what matters is kept: a connection that has
+    data waiting or that the server closed is reconnected before use, as the pool does,
+    and one whose command failed half-way is disconnected (by redis-py itself) before it
+    is used again. The connections are made by the client's pool (its options, its
+    Sentinel master) and count towards its `max_connections`; a forked child starts
+    with none, as a pool does.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.callbacks = client.response_callbacks
+        #: connections connected when last put back, and those disconnected by a failure
+        self.warm: list[Any] = []
+        self.cold: list[Any] = []
+        _wires.add(self)
+
+    def perform(self, need: Need) -> Any:
+        """Send `need` and read its reply (see `perform`)."""
+        if type(need) is not Command or need.args[0] in self.callbacks:
+            return perform(self.client, need)
+        connection = self._take()
+        try:
+            connection.send_command(*need.args, check_health=False)
+            reply = connection.read_response()
+        except redis.ResponseError:
+            self.warm.append(connection)  # an error reply: the connection is sound
+            raise
+        except BaseException:
+            connection.disconnect()  # a reply may be left half-read
+            self.cold.append(connection)
+            raise
+        self.warm.append(connection)
+        return reply
+
+    def _take(self) -> Any:
+        """A connection, warm if one is idle (checked as the pool checks its own), else
+        one to connect (a failure's, or a new one of the client's pool)."""
+        try:
+            connection = self.warm.pop()
+        except IndexError:
+            if self.cold:
+                return self.cold.pop()
+            return self.client.connection_pool.make_connection()
+        try:
+            stale = connection.can_read()  # data left over
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            stale = True  # closed by the server (a restart, its idle timeout)
+        if stale:
+            connection.disconnect()  # the command connects it again
+        return connection
+
+    def close(self) -> None:
+        """Disconnect the idle connections (the client's pool keeps its own)."""
+        while self.warm:
+            self.warm.pop().disconnect()
+
+    def forget(self) -> None:
+        """Drop the connections without touching their sockets: a forked child's copies
+        belong to the parent."""
+        self.warm, self.cold = [], []
+
+
+#: Every wire of this process, so a forked child drops its parent's connections.
+_wires: weakref.WeakSet[Wire] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for wire in list(_wires):
+        wire.forget()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 async def aperform(client: redis.asyncio.Redis, need: Need) -> Any:

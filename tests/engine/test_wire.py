@@ -1,0 +1,93 @@
+"""The engine's own connections (`transport.Wire`): what redis-py's pool guarantees for a
+command, kept without the pool: a connection the server closed is reconnected before
+use, a reply left half-read never answers the next call, a forked child starts with no
+connection of its parent's, and commands answer what `execute_command` answers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+
+from ratelimits.engine import Limit, RedisEngine
+from ratelimits.engine.errors import EngineUnavailable
+from ratelimits.engine.transport import Command, Wire
+
+T0 = 1_800_000_000.0
+
+
+def _limit() -> Limit:
+    return Limit(key="ip:203.0.113.7", limit=100, period=60, algorithm="fixed_window")
+
+
+def test_a_connection_the_server_closed_is_replaced_before_the_call(redis_client):
+    engine = RedisEngine(redis_client, stats=False)
+    assert engine.evaluate([_limit()], T0).results[0].remaining == 99
+    assert engine.wire.warm  # the connection waits, connected
+    # The server drops every other client (an idle timeout, a restart, CLIENT KILL).
+    assert redis_client.client_kill_filter(_type="normal", skipme=True) >= 1
+
+    decision = engine.evaluate([_limit()], T0)
+
+    assert decision.allowed and decision.results[0].remaining == 98  # charged once
+
+
+def test_a_reply_left_unread_never_answers_the_next_call(redis_url):
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.2)
+    client.flushdb()
+    engine = RedisEngine(client, stats=False)
+    engine.evaluate([_limit()], T0)  # the library loaded, the connection warm
+    # The server pauses longer than the client waits: the call times out and its reply
+    # arrives later, on a connection that must not be read again.
+    control = redis.Redis.from_url(redis_url)
+    control.client_pause(5_000, all=False)  # writes (and scripts) wait
+    try:
+        with pytest.raises(EngineUnavailable):
+            engine.evaluate([_limit()], T0)
+    finally:
+        control.client_unpause()  # the paused call runs now; its reply goes unread
+
+    other = Limit(key="ip:198.51.100.1", limit=10, period=60, algorithm="fixed_window")
+    decision = engine.evaluate([other], T0)
+
+    # this call's own reply: the other client's first request (not the late 98)
+    assert decision.results[0].limit.key == other.key
+    assert decision.results[0].remaining == 9
+    client.close()
+    control.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_starts_with_no_connection_of_its_parent(redis_client):
+    engine = RedisEngine(redis_client, stats=False)
+    engine.evaluate([_limit()], T0)
+    assert engine.wire.warm
+
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's socket is not its own
+        code = 0 if not engine.wire.warm else 1
+        try:
+            if engine.evaluate([_limit()], T0).results[0].remaining != 98:
+                code = 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert engine.evaluate([_limit()], T0).results[0].remaining == 97
+
+
+def test_commands_answer_what_execute_command_answers(redis_client):
+    wire = Wire(redis_client)
+    redis_client.set("k", "v")
+
+    assert wire.perform(Command("PING")) is True  # a reply callback: the client's path
+    assert wire.perform(Command("GET", "k")) == b"v"  # no callback: raw, as redis-py
+    with pytest.raises(redis.ResponseError):
+        wire.perform(Command("INCR", "k"))  # an error reply
+    assert len(wire.warm) == 1  # ... leaves the connection sound, and reused
+    assert wire.perform(Command("GET", "k")) == b"v"
+    wire.close()
+    assert not wire.warm
