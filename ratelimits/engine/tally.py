@@ -64,6 +64,7 @@ Counts = dict[tuple[str, int], dict[str, int]]
 Send = Callable[[Counts, Counts], None]
 
 _REFUSED = (Outcome.REJECTED.value, Outcome.WOULD_REJECT.value)
+_MINUTE_US, _HOUR_US = 60 * US, 3600 * US
 #: How old (minutes, hours) a count may be before the store would no longer keep it.
 _MINUTES_KEPT = STATS_TTL // 60
 _HOURS_KEPT = OFFENDERS_TTL // 3600
@@ -96,20 +97,24 @@ class Tally:
 
     def add(self, decision: Decision, now_us: int) -> None:
         """Count each named limit's outcome in `decision`, made at `now_us` (µs)."""
-        minute = math.floor(now_us / (60 * US))
-        hour = math.floor(now_us / (3600 * US))
-        with self._lock:
-            self._starting()
+        minute = int(now_us // _MINUTE_US)
+        with self._lock:  # once per request: `_starting` and `_schedule` written inline
+            if self._pid != os.getpid() or not (self._counts or self._offenders):
+                self._starting()
             for result in decision.results:
                 name = result.limit.name
                 if not name:
                     continue
                 field = result.outcome.value
-                counts = self._counts.setdefault((name, minute), {})
+                counts = self._counts.get((name, minute))
+                if counts is None:
+                    counts = self._counts[name, minute] = {}
                 counts[field] = counts.get(field, 0) + 1
                 if field in _REFUSED:
-                    self._offend((name, hour), result.limit.key[:OFFENDER_CHARS], 1)
-            schedule = self._schedule()
+                    self._offend((name, int(now_us // _HOUR_US)),
+                                 result.limit.key[:OFFENDER_CHARS], 1)
+            schedule = not self._flushing
+            self._flushing = True
         if schedule:
             self._executor().submit(self._flush_quietly, self.every)
 

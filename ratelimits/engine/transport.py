@@ -101,7 +101,9 @@ class Wire:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self.callbacks = client.response_callbacks
+        # None: a cluster client, which routes each command itself, keeps its own path
+        self.callbacks: Any = (client.response_callbacks if isinstance(client, redis.Redis)
+                               else None)
         #: connections connected when last put back, and those disconnected by a failure
         self.warm: list[Any] = []
         self.cold: list[Any] = []
@@ -109,10 +111,13 @@ class Wire:
 
     def perform(self, need: Need) -> Any:
         """Send `need` and read its reply (see `perform`)."""
-        if type(need) is not Command or need.args[0] in self.callbacks:
+        callbacks = self.callbacks
+        if type(need) is not Command or callbacks is None or need.args[0] in callbacks:
             return perform(self.client, need)
-        connection = self._take()
+        connection, connected = self._take()
         try:
+            if not connected:
+                connection.connect()  # a Sentinel connection asks for the master here
             connection.send_command(*need.args, check_health=False)
             reply = connection.read_response()
         except redis.ResponseError:
@@ -125,22 +130,25 @@ class Wire:
         self.warm.append(connection)
         return reply
 
-    def _take(self) -> Any:
-        """A connection, warm if one is idle (checked as the pool checks its own), else
-        one to connect (a failure's, or a new one of the client's pool)."""
+    def _take(self) -> tuple[Any, bool]:
+        """A connection and whether it is connected: a warm one if one is idle (checked
+        as the pool checks its own), else one to connect (a failure's, or a new one of
+        the client's pool)."""
         try:
             connection = self.warm.pop()
         except IndexError:
-            if self.cold:
-                return self.cold.pop()
-            return self.client.connection_pool.make_connection()
+            try:
+                return self.cold.pop(), False
+            except IndexError:
+                return self.client.connection_pool.make_connection(), False
         try:
             stale = connection.can_read()  # data left over
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             stale = True  # closed by the server (a restart, its idle timeout)
         if stale:
-            connection.disconnect()  # the command connects it again
-        return connection
+            connection.disconnect()
+            return connection, False
+        return connection, True
 
     def close(self) -> None:
         """Disconnect the idle connections (the client's pool keeps its own)."""

@@ -18,14 +18,23 @@ from ratelimits.pipeline.verdict import PolicyOutcome
 
 
 def closest(outcomes: Iterable[PolicyOutcome]) -> PolicyOutcome | None:
-    """The enforced outcome a client should watch: a rejection, else the fewest remaining."""
-    enforced = [(o, o.result) for o in outcomes if o.result is not None and not o.shadow]
-    if not enforced:
-        return None
-    rejected = [(o, r) for o, r in enforced if not r.allowed]
-    if rejected:
-        return max(rejected, key=lambda pair: pair[1].retry_after)[0]
-    return min(enforced, key=lambda pair: (pair[1].remaining, -pair[1].reset_after))[0]
+    """The enforced outcome a client should watch: the rejection with the longest wait,
+    else the fewest remaining (then the longest reset); the first of equals."""
+    chosen: PolicyOutcome | None = None
+    best: Any = None  # chosen's result
+    for outcome in outcomes:
+        result = outcome.result
+        if result is None or result.limit.shadow:  # undecided, or only watched
+            continue
+        if best is not None:
+            if result.allowed:  # replaces only an admitted one with more left
+                if not best.allowed or (result.remaining, -result.reset_after) >= (
+                        best.remaining, -best.reset_after):
+                    continue
+            elif not best.allowed and result.retry_after <= best.retry_after:
+                continue
+        chosen, best = outcome, result
+    return chosen
 
 
 def _sf_string(value: str) -> str:
@@ -79,6 +88,7 @@ def apply(response: Any, outcomes: Iterable[PolicyOutcome], style: str) -> None:
     chosen = closest(outcomes)
     if chosen is None:
         return
+    headers = response.headers
     for name, value in rate_headers(chosen, style).items():
-        if name not in response:
-            response[name] = value
+        if name not in headers:
+            headers[name] = value

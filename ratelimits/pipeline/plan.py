@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -9,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratelimits.engine.types import Limit
+from ratelimits.matching.identity import IdentityError
 from ratelimits.pipeline.report import log_identity_error
 
 logger = logging.getLogger("ratelimits")
-_set = object.__setattr__
 _NO_MEMBERS: Mapping[str, frozenset[str]] = {}
 
 
@@ -39,8 +40,6 @@ def plan(
     replaces the policy's for this client (see `matching.overrides`); `members` are the
     snapshot's group memberships, the tier is asked once per request (`state`).
     """
-    from ratelimits.matching.identity import IdentityError
-
     planned: list[Planned] = []
     failed: list[Any] = []
     trusted, prefix = config["TRUSTED_PROXIES"], config["IPV6_PREFIX"]
@@ -76,7 +75,9 @@ def plan(
                 continue  # this client is exempt from this policy
         limit = policy.limit_for(identity, rule)
         if policy.cost_of is not None:
-            _set(limit, "cost", cost_of(request, policy, limit))
+            cost = cost_of(request, policy, limit)
+            if cost != limit.cost:  # a copy: the policy keeps its clients' limits
+                limit = dataclasses.replace(limit, cost=cost)
         planned.append(Planned(policy, identity, limit))
     return planned, failed
 

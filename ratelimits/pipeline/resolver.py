@@ -68,6 +68,8 @@ WAIT_FOR_RELOAD = 0.25
 #: process per interval, and only while requests arrive: never one per request. Longer
 #: than `version.VERSION_EVERY`: on Redis the version, one GET, tells first.
 DB_CHECK_EVERY = 2.0
+#: At most this many clients' limits are kept per policy (see `CompiledPolicy.limit_for`).
+LIMITS_KEPT = 4_096
 
 Fingerprint = tuple[tuple[int, Any], ...]
 
@@ -142,6 +144,10 @@ class CompiledPolicy:
     reset_on: ResponseRule | None = None
     #: A function of the request giving its cost (None: the template's).
     cost_of: Callable[[Any], Any] | None = None
+    #: The limits `limit_for` built for clients without an override rule, by identity:
+    #: a Limit is immutable and, without a rule, a function of the identity alone.
+    limits: dict[str, Limit] = field(default_factory=dict, init=False, compare=False,
+                                     repr=False)
 
     @property
     def shadow(self) -> bool:
@@ -165,8 +171,13 @@ class CompiledPolicy:
         rollout leaves this client out.
 
         The template was validated when the policy was compiled and only the key
-        differs, so the copy skips `Limit.__post_init__` (it runs per policy per request).
+        differs, so the copy skips `Limit.__post_init__` (it runs per policy per request),
+        and is kept for the client's next request when no rule applies.
         """
+        if rule is None:
+            kept = self.limits.get(identity)
+            if kept is not None:
+                return kept
         limit = _new_limit(Limit)
         _set(limit, "key", identity)
         template = self.template
@@ -179,6 +190,10 @@ class CompiledPolicy:
             self.name, identity, self.rollout
         ):
             _set(limit, "shadow", True)  # not yet enforced for this client: counted as shadow
+        if rule is None:
+            if len(self.limits) >= LIMITS_KEPT:
+                self.limits.clear()  # many clients: start again rather than grow
+            self.limits[identity] = limit
         return limit
 
 

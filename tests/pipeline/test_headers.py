@@ -46,6 +46,26 @@ def test_closest_prefers_a_rejection_then_the_fewest_remaining_and_ignores_shado
     assert closest([shadow]) is None
 
 
+def test_closest_in_any_order_the_longest_wait_then_the_fewest_left_then_the_longest_reset():
+    import itertools
+
+    soon = outcome("soon", remaining=0, allowed=False, retry_after=2)
+    late = outcome("late", remaining=0, allowed=False, retry_after=7)
+    few = outcome("few", remaining=1, reset_after=10)
+    few_longer = outcome("few-longer", remaining=1, reset_after=40)
+    many = outcome("many", remaining=9)
+    for order in itertools.permutations([soon, late, few, many]):
+        assert closest(order).policy.name == "late"
+    for order in itertools.permutations([few, few_longer, many]):
+        assert closest(order).policy.name == "few-longer"
+    # equals: the first one (the policies' order, most important first)
+    twin = outcome("twin", remaining=1, reset_after=40)
+    assert closest([few_longer, twin]).policy.name == "few-longer"
+    assert closest([twin, few_longer]).policy.name == "twin"
+    again = outcome("again", remaining=0, allowed=False, retry_after=7)
+    assert closest([late, again, soon]).policy.name == "late"
+
+
 def test_ietf_values_and_rounding():
     headers = rate_headers(outcome("a", remaining=4, reset_after=12.2), "ietf")
     assert headers == {"RateLimit-Policy": '"a";q=10;w=60', "RateLimit": '"a";r=4;t=13'}
