@@ -75,6 +75,10 @@ _ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
 )
 FIELDS = len(RESULT_FIELDS)
 OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
+#: OUTCOMES, read from a reply's field as redis-py gives it (bytes) or as text
+_OUTCOME_OF: dict[str | bytes, Outcome] = {
+    text: o for field, o in OUTCOMES.items() for text in (field, field.encode())}
+_VERSION_AT, _ADMITTED_AT = REPLY_HEAD.index("version"), REPLY_HEAD.index("admitted")
 
 
 def carry(counts: Counts, offenders: Counts) -> list[Any]:
@@ -145,8 +149,8 @@ def decode(
     head = len(REPLY_HEAD)
     if not isinstance(reply, list) or len(reply) != head + FIELDS * len(limits):
         raise ValueError(f"unexpected reply from the batch script: {reply!r}")
-    version = int(reply[REPLY_HEAD.index("version")]) if versioned else None
-    admitted = reply[REPLY_HEAD.index("admitted")] == 1
+    version = int(reply[_VERSION_AT]) if versioned else None
+    admitted = reply[_ADMITTED_AT] == 1
     return assemble(limits, reply[head:], admitted=admitted, version=version, token=token)
 
 
@@ -164,20 +168,12 @@ def assemble(
     retry_us = 0
     delay = 0.0
     holds = False
-    for i, limit in enumerate(limits):
-        o = i * FIELDS
+    o = 0
+    for limit in limits:
         allowed = raw[o + _ALLOWED] == 1
-        field = raw[o + _OUTCOME]
-        outcome = OUTCOMES[field.decode() if isinstance(field, bytes) else field]
-        result = Result(
-            limit=limit,
-            allowed=allowed,
-            remaining=max(0, int(raw[o + _REMAINING])),
-            reset_after=raw[o + _RESET] / US,
-            retry_after=raw[o + _RETRY] / US,
-            delay=raw[o + _DELAY] / US,
-            outcome=outcome,
-        )
+        outcome = _OUTCOME_OF[raw[o + _OUTCOME]]
+        result = Result(limit, allowed, max(0, int(raw[o + _REMAINING])), raw[o + _RESET] / US,
+                        raw[o + _RETRY] / US, raw[o + _DELAY] / US, outcome)
         results.append(result)
         if not limit.shadow:
             if not allowed:
@@ -186,13 +182,14 @@ def assemble(
                 delay = max(delay, result.delay)
         if outcome is Outcome.ADMITTED and REGISTRY[limit.algorithm].holds_slots:
             holds = True
+        o += FIELDS
     return Decision(
-        allowed=admitted,
-        results=tuple(results),
-        retry_after=0 if admitted else max(1, -(-retry_us // US)),
-        delay=delay,
-        version=version,
-        token=token if holds else None,
+        admitted,
+        tuple(results),
+        0 if admitted else max(1, -(-retry_us // US)),
+        delay,
+        version,
+        token if holds else None,
     )
 
 

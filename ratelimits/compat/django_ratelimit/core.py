@@ -145,6 +145,8 @@ def _get_ip(request: Any) -> str:
 def _network(ip: str, mask: int) -> str:
     """The network address of `ip`/`mask`, as `ip_network(..., strict=False)` gives it
     (and raising as it does for a bad address or mask), without building a network."""
+    if mask == 32 and _DOTTED_QUAD.fullmatch(ip):
+        return ip  # the default mask: an address written as ipaddress writes it is itself
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:
@@ -154,6 +156,11 @@ def _network(ip: str, mask: int) -> str:
         return str(ipaddress.ip_network(f"{ip}/{mask}", strict=False).network_address)
     drop = address.max_prefixlen - mask
     return str(type(address)((int(address) >> drop) << drop))
+
+
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#: An IPv4 address in the one spelling `ipaddress` accepts and gives back.
+_DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}", re.ASCII)
 
 
 def _user_or_ip(request: Any) -> str:
