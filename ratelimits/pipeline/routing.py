@@ -34,16 +34,9 @@ def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
         snap = resolver.snapshot()
     if not snap.scopes or not get_config()["ENABLED"]:
         return False
-    from django.urls import Resolver404, get_resolver
-
     base = http_request(request)
-    try:
-        view = get_resolver(getattr(base, "urlconf", None)).resolve(base.path_info).func
-    except Resolver404:
-        return False
-    except Exception:  # a broken URLconf is Django's to report, not ours to crash on
-        logger.exception("ratelimits: could not resolve %s to find its DRF view",
-                         log_safe(base.path_info))
+    view = _view_of(base)
+    if view is None:
         return False
     if _declared_scopes(view, base) & snap.scopes:
         return True
@@ -55,6 +48,41 @@ def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
     if getattr(cls, "throttle_scope", None) not in snap.scopes:
         return False
     return any(getattr(t, "decides_policies", False) for t in throttles)
+
+
+#: (URL resolver, path) -> the view the path resolves to (None: none), so a path is
+#: resolved once rather than on each request (Django resolves it again for the view).
+#: A resolver is built anew when the URLconf changes (`clear_url_caches`, another
+#: ROOT_URLCONF): its paths are then looked up afresh.
+_views: dict[tuple[Any, str], Any] = {}
+#: At most this many paths are remembered (a site with ids in its URLs has many).
+VIEWS_KEPT = 2_048
+
+
+def _view_of(base: Any) -> Any:
+    """The view function `base`'s path resolves to, None when none does."""
+    from django.urls import Resolver404, get_resolver
+
+    path = base.path_info
+    try:
+        urls = get_resolver(getattr(base, "urlconf", None))
+        key = (urls, path)
+        if key in _views:
+            return _views[key]
+        view = urls.resolve(path).func
+    except Resolver404:
+        view = None
+    except Exception:  # a broken URLconf is Django's to report, not ours to crash on
+        logger.exception("ratelimits: could not resolve %s to find its DRF view",
+                         log_safe(path))
+        return None
+    if len(_views) >= VIEWS_KEPT:
+        _views.clear()  # many paths: start again rather than grow
+    _views[key] = view
+    return view
+
+
+runtime.on_reset(_views.clear)
 
 
 def _declared_scopes(view: Any, base: Any) -> frozenset[str]:

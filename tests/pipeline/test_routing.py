@@ -1,0 +1,50 @@
+"""Which glue layer decides a request: the view a path goes to is looked up once per
+URLconf, and looked up again when the URLconf changes."""
+
+from __future__ import annotations
+
+from django.test import RequestFactory, override_settings
+from django.urls import clear_url_caches, path
+
+from ratelimits.pipeline.resolver import resolver
+from ratelimits.pipeline.routing import throttle_decides
+
+
+def test_a_scoped_view_is_left_to_its_throttle_under_the_urlconf_in_force(make_policy):
+    make_policy(name="items", scope="items")
+    snap = resolver.snapshot()
+    rf = RequestFactory()
+
+    assert throttle_decides(rf.get("/api/items/"), snap)  # DRF's PolicyThrottle decides
+    assert throttle_decides(rf.get("/api/items/"), snap)  # the path remembered
+    assert not throttle_decides(rf.get("/hello/"), snap)
+    assert not throttle_decides(rf.get("/no/such/page/"), snap)
+
+    # Another URLconf where the path goes nowhere: the middleware decides it.
+    with override_settings(ROOT_URLCONF="tests.support.urls_backoffice"):
+        assert not throttle_decides(rf.get("/api/items/"), snap)
+    assert throttle_decides(rf.get("/api/items/"), snap)
+
+    # A request's own URLconf (set by a middleware) is the one resolved.
+    request = rf.get("/api/items/")
+    request.urlconf = "tests.support.urls_backoffice"
+    assert not throttle_decides(request, snap)
+
+
+def test_urls_changed_in_place_are_seen_after_clear_url_caches(make_policy):
+    from tests import urls
+
+    make_policy(name="items", scope="items")
+    snap = resolver.snapshot()
+    rf = RequestFactory()
+    assert not throttle_decides(rf.get("/api/later/"), snap)
+
+    added = path("api/later/", urls.Items.as_view())
+    urls.urlpatterns.append(added)
+    try:
+        clear_url_caches()  # what a project that edits its URL patterns calls
+        assert throttle_decides(rf.get("/api/later/"), snap)
+    finally:
+        urls.urlpatterns.remove(added)
+        clear_url_caches()
+    assert not throttle_decides(rf.get("/api/later/"), snap)
