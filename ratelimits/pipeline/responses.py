@@ -29,7 +29,9 @@ class Rejection:
 
 
 def _wants_json(request: Any) -> bool:
-    return "json" in request.headers.get("Accept", "")
+    # META, not request.headers: that would build a mapping of every header per refusal
+    accept = request.META.get("HTTP_ACCEPT", "")
+    return isinstance(accept, str) and "json" in accept
 
 
 def reject(request: Any, rejection: Rejection) -> HttpResponse:
