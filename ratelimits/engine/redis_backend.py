@@ -57,8 +57,8 @@ from ratelimits.engine.transport import (
     Command,
     Pipelined,
     Script,
-    Wire,
     guarded,
+    wire_of,
 )
 from ratelimits.engine.types import Decision, Limit
 
@@ -92,8 +92,8 @@ class RedisEngine(Acquiring):
         live_key: str | None = None,
     ) -> None:
         self.client: Any = client  # redis-py types sync and async replies as one union
-        #: the commands of the request path, on connections of their own (`Wire`)
-        self.wire = Wire(client)
+        #: the commands of the request path, on connections kept for them (`Wire`)
+        self.wire = wire_of(client)
         self.breaker = breaker
         self.prefix = prefix
         self.version_key = version_key

@@ -37,6 +37,7 @@ __all__ = [
     "failed",
     "guarded",
     "perform",
+    "wire_of",
 ]
 
 #: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
@@ -83,20 +84,21 @@ def perform(client: redis.Redis, need: Need) -> Any:
 
 
 class Wire:
-    """A blocking client's commands, sent on connections of this wire's own.
+    """A blocking client's commands, sent on connections this wire keeps.
 
     A command goes out on a connection taken from a stack that no lock guards (its pop
     and append are atomic), written and read through the connection's public calls
     (`send_command`, `read_response`), and is answered what `execute_command` answers:
     commands with a reply callback (`PING`, `SCRIPT LOAD` ...) and pipelines take the
-    client's own path. Between that and redis-py's pool the difference is what a pool
-    does for every command (its lock, its bookkeeping, its observability hooks), about
-    half the client's CPU per round trip; what matters is kept: a connection that has
-    data waiting or that the server closed is reconnected before use, as the pool does,
-    and one whose command failed half-way is disconnected (by redis-py itself) before it
-    is used again. The connections are made by the client's pool (its options, its
-    Sentinel master) and count towards its `max_connections`; a forked child starts
-    with none, as a pool does.
+    client's own path, and so does every command of a cluster client. Between that and
+    checking a connection out of redis-py's pool for each command, the difference is
+    what the pool does each time (its lock, its bookkeeping, its observability hooks),
+    about half the client's CPU per round trip. What matters is kept: the connections
+    are checked out of the client's pool (its options, its Sentinel master, its
+    `max_connections`) and checked back in when the wire is closed or dropped; one the
+    server closed is reconnected before use, as the pool checks its own; one whose
+    command failed half-way is disconnected before it is used again; a forked child
+    starts with none, as a pool does.
     """
 
     def __init__(self, client: redis.Redis) -> None:
@@ -104,9 +106,13 @@ class Wire:
         # None: a cluster client, which routes each command itself, keeps its own path
         self.callbacks: Any = (client.response_callbacks if isinstance(client, redis.Redis)
                                else None)
-        #: connections connected when last put back, and those disconnected by a failure
+        #: connections connected when last put back, and those disconnected by a failure:
+        #: all checked out of the client's pool, and checked back in by `close()`
         self.warm: list[Any] = []
         self.cold: list[Any] = []
+        if self.callbacks is not None:
+            self._closer = weakref.finalize(self, _check_in, client.connection_pool,
+                                            self.warm, self.cold)
         _wires.add(self)
 
     def perform(self, need: Need) -> Any:
@@ -132,15 +138,15 @@ class Wire:
 
     def _take(self) -> tuple[Any, bool]:
         """A connection and whether it is connected: a warm one if one is idle (checked
-        as the pool checks its own), else one to connect (a failure's, or a new one of
-        the client's pool)."""
+        as the pool checks its own), else one to connect again (a failure's), else one
+        checked out of the client's pool, connected and checked by it."""
         try:
             connection = self.warm.pop()
         except IndexError:
             try:
                 return self.cold.pop(), False
             except IndexError:
-                return self.client.connection_pool.make_connection(), False
+                return self.client.connection_pool.get_connection(), True
         try:
             stale = connection.can_read()  # data left over
         except (redis.ConnectionError, redis.TimeoutError, OSError):
@@ -151,14 +157,44 @@ class Wire:
         return connection, True
 
     def close(self) -> None:
-        """Disconnect the idle connections (the client's pool keeps its own)."""
-        while self.warm:
-            self.warm.pop().disconnect()
+        """Check the idle connections back into the client's pool."""
+        if self.callbacks is not None:
+            _check_in(self.client.connection_pool, self.warm, self.cold)
 
     def forget(self) -> None:
         """Drop the connections without touching their sockets: a forked child's copies
-        belong to the parent."""
-        self.warm, self.cold = [], []
+        belong to the parent (the child's pool starts afresh too)."""
+        self.warm.clear()
+        self.cold.clear()
+
+
+#: The attribute of a connection pool that holds its wire (see `wire_of`).
+_WIRE = "_ratelimits_wire"
+
+
+def wire_of(client: redis.Redis) -> Wire:
+    """The wire of `client`'s connection pool, made on first use and shared by every
+    engine on that pool: the connections it keeps never outnumber the calls that were
+    in flight at once on the pool, however many engines are built on it."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:  # a cluster client: its own routing
+        return Wire(client)
+    wire: Wire | None = getattr(pool, _WIRE, None)
+    if wire is None:  # two threads racing here make two wires: the loser's is dropped
+        wire = Wire(client)
+        setattr(pool, _WIRE, wire)
+    return wire
+
+
+def _check_in(pool: Any, *stacks: list[Any]) -> None:
+    """Give a wire's connections back to `pool` (also when the wire is dropped)."""
+    for stack in stacks:
+        while stack:
+            try:
+                connection = stack.pop()
+            except IndexError:  # another thread took the last one
+                break
+            pool.release(connection)
 
 
 #: Every wire of this process, so a forked child drops its parent's connections.

@@ -91,3 +91,25 @@ def test_commands_answer_what_execute_command_answers(redis_client):
     assert wire.perform(Command("GET", "k")) == b"v"
     wire.close()
     assert not wire.warm
+
+
+def test_engines_on_one_pool_share_its_connections_and_give_them_back(redis_url):
+    """However many engines a client serves, the wire keeps no more connections than
+    were in use at once, within the pool's max_connections, and closing gives them back."""
+    client = redis.Redis.from_url(redis_url, max_connections=3)
+    client.flushdb()
+    engines = [RedisEngine(client, stats=False) for _ in range(50)]
+    for engine in engines:
+        assert engine.evaluate([_limit()], T0).allowed
+    assert engines[0].wire is engines[-1].wire
+    assert len(engines[0].wire.warm) == 1
+
+    engines[0].close()
+
+    assert not engines[0].wire.warm
+    pool = client.connection_pool
+    # every connection is back in the pool: it can hand out all it may make
+    taken = [pool.get_connection() for _ in range(3)]
+    for connection in taken:
+        pool.release(connection)
+    client.close()
