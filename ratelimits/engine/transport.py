@@ -110,9 +110,9 @@ class Wire:
         #: all checked out of the client's pool, and checked back in by `close()`
         self.warm: list[Any] = []
         self.cold: list[Any] = []
-        if self.callbacks is not None:
-            self._closer = weakref.finalize(self, _check_in, client.connection_pool,
-                                            self.warm, self.cold)
+        if self.callbacks is not None:  # the pool held weakly: it holds this wire
+            weakref.finalize(self, _check_in_later, weakref.ref(client.connection_pool),
+                             self.warm, self.cold)
         _wires.add(self)
 
     def perform(self, need: Need) -> Any:
@@ -180,7 +180,8 @@ def wire_of(client: redis.Redis) -> Wire:
     if pool is None:  # a cluster client: its own routing
         return Wire(client)
     wire: Wire | None = getattr(pool, _WIRE, None)
-    if wire is None:  # two threads racing here make two wires: the loser's is dropped
+    if wire is None:  # two threads racing here make two wires: the loser's engine
+        # keeps its own, checked in when that engine closes
         wire = Wire(client)
         setattr(pool, _WIRE, wire)
     return wire
@@ -195,6 +196,13 @@ def _check_in(pool: Any, *stacks: list[Any]) -> None:
             except IndexError:  # another thread took the last one
                 break
             pool.release(connection)
+
+
+def _check_in_later(pool: weakref.ref[Any], *stacks: list[Any]) -> None:
+    """`_check_in` when a wire is dropped, if its pool still exists."""
+    alive = pool()
+    if alive is not None:
+        _check_in(alive, *stacks)
 
 
 #: Every wire of this process, so a forked child drops its parent's connections.

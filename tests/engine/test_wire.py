@@ -113,3 +113,20 @@ def test_engines_on_one_pool_share_its_connections_and_give_them_back(redis_url)
     for connection in taken:
         pool.release(connection)
     client.close()
+
+
+def test_a_client_dropped_takes_its_pool_and_wire_with_it(redis_url):
+    import gc
+    import weakref
+
+    client = redis.Redis.from_url(redis_url)
+    engine = RedisEngine(client, stats=False)
+    engine.evaluate([_limit()], T0)
+    engine.close()
+    pool = weakref.ref(client.connection_pool)
+    wire = weakref.ref(engine.wire)
+    client.close()
+    del client, engine
+    gc.collect()
+
+    assert pool() is None and wire() is None  # nothing keeps them alive
