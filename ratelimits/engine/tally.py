@@ -98,7 +98,7 @@ class Tally:
     def add(self, decision: Decision, now_us: int) -> None:
         """Count each named limit's outcome in `decision`, made at `now_us` (µs)."""
         minute = int(now_us // _MINUTE_US)
-        with self._lock:  # once per request: `_starting` and `_schedule` written inline
+        with self._lock:
             if self._pid != os.getpid() or not (self._counts or self._offenders):
                 self._starting()
             for result in decision.results:
@@ -113,8 +113,7 @@ class Tally:
                 if field in _REFUSED:
                     self._offend((name, int(now_us // _HOUR_US)),
                                  result.limit.key[:OFFENDER_CHARS], 1)
-            schedule = not self._flushing
-            self._flushing = True
+            schedule = self._schedule()
         if schedule:
             self._executor().submit(self._flush_quietly, self.every)
 

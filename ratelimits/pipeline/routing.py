@@ -55,6 +55,7 @@ def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
 #: A resolver is built anew when the URLconf changes (`clear_url_caches`, another
 #: ROOT_URLCONF): its paths are then looked up afresh.
 _views: dict[tuple[Any, str], Any] = {}
+_UNSEEN = object()
 #: At most this many paths are remembered (a site with ids in its URLs has many).
 VIEWS_KEPT = 2_048
 
@@ -67,8 +68,9 @@ def _view_of(base: Any) -> Any:
     try:
         urls = get_resolver(getattr(base, "urlconf", None))
         key = (urls, path)
-        if key in _views:
-            return _views[key]
+        view = _views.get(key, _UNSEEN)  # one lookup: another thread may clear it
+        if view is not _UNSEEN:
+            return view
         view = urls.resolve(path).func
     except Resolver404:
         view = None
