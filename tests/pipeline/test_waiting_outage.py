@@ -97,6 +97,8 @@ def test_slots_whose_release_failed_during_a_pause_come_back_when_redis_answers(
     slow = running
     slow.finish.set()
     assert Client().get("/slow/").status_code == 200  # snapshot and scripts loaded
+    # its entry is taken, so start() waits for the three below and not for this one
+    assert slow.entered.acquire(timeout=0)
     slow.finish.clear()
     slow.start(3)
     assert held(private_redis) == 3
