@@ -105,7 +105,7 @@ class Tally:
                 name = result.limit.name
                 if not name:
                     continue
-                field = result.outcome.value
+                field = result.outcome._value_  # the plain str: `.value` is a property
                 counts = self._counts.get((name, minute))
                 if counts is None:
                     counts = self._counts[name, minute] = {}

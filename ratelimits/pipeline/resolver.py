@@ -56,6 +56,10 @@ _TEMPLATE_FIELDS = tuple(f.name for f in dataclasses.fields(Limit) if f.name != 
 _OVERRIDDEN = ("limit", "burst", "batch")
 _new_limit = object.__new__
 _set = object.__setattr__
+#: Each field's slot, written directly: a client's limit is built per policy per request
+#: on a cold client, and `object.__setattr__` looks the slot up by name every time.
+_SET_KEY = vars(Limit)["key"].__set__
+_SET_TEMPLATE = tuple(vars(Limit)[name].__set__ for name in _TEMPLATE_FIELDS)
 
 #: After a failed rebuild, wait this long before querying the database again.
 RETRY_AFTER_FAILURE = 1.0
@@ -148,6 +152,12 @@ class CompiledPolicy:
     #: a Limit is immutable and, without a rule, a function of the identity alone.
     limits: dict[str, Limit] = field(default_factory=dict, init=False, compare=False,
                                      repr=False)
+    #: The template's values of `_TEMPLATE_FIELDS`, read once.
+    template_values: tuple[Any, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _set(self, "template_values",
+             tuple(getattr(self.template, name) for name in _TEMPLATE_FIELDS))
 
     @property
     def shadow(self) -> bool:
@@ -179,10 +189,10 @@ class CompiledPolicy:
             if kept is not None:
                 return kept
         limit = _new_limit(Limit)
-        _set(limit, "key", identity)
+        _SET_KEY(limit, identity)
         template = self.template
-        for name in _TEMPLATE_FIELDS:
-            _set(limit, name, getattr(template, name))
+        for set_slot, value in zip(_SET_TEMPLATE, self.template_values, strict=True):
+            set_slot(limit, value)
         if rule is not None and rule.template is not None:
             for name in _OVERRIDDEN:
                 _set(limit, name, getattr(rule.template, name))
