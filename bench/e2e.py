@@ -84,13 +84,13 @@ SCENARIOS = [
 ]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _env(db: str, scenario: str) -> dict[str, str]:
+def server_env(db: str, scenario: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "DJANGO_SETTINGS_MODULE": "bench.e2e_settings",
@@ -105,7 +105,7 @@ def _env(db: str, scenario: str) -> dict[str, str]:
 
 def prepare(db: str, policies: list[dict[str, object]]) -> None:
     python = sys.executable
-    env = _env(db, "ours")
+    env = server_env(db, "ours")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=common.ROOT,
                    env=env, check=True)
     code = (
@@ -123,7 +123,7 @@ def prepare(db: str, policies: list[dict[str, object]]) -> None:
                    check=True, stdout=subprocess.DEVNULL)
 
 
-def _get(port: int, path: str) -> int:
+def get_status(port: int, path: str) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("GET", path, headers={"Accept": "application/json"})
@@ -182,10 +182,10 @@ def gunicorn(port: int) -> list[str]:
 def run_once(db: str, scenario: str, path: str, seconds: int, warmup: int,
              server_command: Any = gunicorn) -> dict[str, float]:
     """One server started with `server_command(port)`, warmed up, then loaded by wrk."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         server_command(port),
-        cwd=common.ROOT, env=_env(db, scenario), start_new_session=True,
+        cwd=common.ROOT, env=server_env(db, scenario), start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
@@ -193,7 +193,7 @@ def run_once(db: str, scenario: str, path: str, seconds: int, warmup: int,
         status: int | str = "no answer"
         while True:
             try:
-                status = _get(port, path)
+                status = get_status(port, path)
                 if status == 200:
                     break
             except OSError:
