@@ -50,9 +50,12 @@ test-newest: $(STAMP) $(CHROMIUM)
 test-matrix: $(STAMP) $(CHROMIUM)
 	$(BIN)/nox
 
-# The edit loop: no cluster, no server processes, no browser (the tests marked `slow`).
+# The edit loop: no cluster, no server processes, no browser (the tests marked `slow`), on
+# every core (pytest-xdist: a file's tests on one worker, each worker with a private
+# redis-server of its own); one process when REDIS_URL names the one Redis to use.
+TEST_FAST_JOBS := $(if $(REDIS_URL),,-n auto --dist loadfile)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" $(TEST_FAST_JOBS)
 
 # The README's pictures, taken by the browser test as it walks through the admin.
 screenshots: $(STAMP) $(CHROMIUM)
