@@ -179,42 +179,55 @@ def gunicorn(port: int) -> list[str]:
             f"127.0.0.1:{port}", "--log-level", "warning"]
 
 
-def run_once(db: str, scenario: str, path: str, seconds: int, warmup: int,
-             server_command: Any = gunicorn) -> dict[str, float]:
-    """One server started with `server_command(port)`, warmed up, then loaded by wrk."""
+def start_server(db: str, scenario: str, path: str,
+                 server_command: Any = gunicorn) -> tuple[subprocess.Popen[bytes], int]:
+    """A server started with `server_command(port)` in its own session, once `path`
+    answers 200; (the server, its port). Stop it with `stop_server`."""
     port = free_port()
     server = subprocess.Popen(
         server_command(port),
         cwd=common.ROOT, env=server_env(db, scenario), start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+    deadline = time.time() + 30
+    status: int | str = "no answer"
+    while True:
+        try:
+            status = get_status(port, path)
+            if status == 200:
+                return server, port
+        except OSError:
+            pass
+        if server.poll() is not None:
+            raise RuntimeError(f"the server did not start: {server.stderr.read().decode()}")  # type: ignore[union-attr]
+        if time.time() > deadline:  # still running: its stderr would never end
+            stop_server(server)
+            raise RuntimeError(f"{path} answered {status} for 30 s (scenario {scenario})")
+        time.sleep(0.1)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """Stop a server of `start_server` and every process of its session."""
+    os.killpg(server.pid, signal.SIGTERM)
     try:
-        deadline = time.time() + 30
-        status: int | str = "no answer"
-        while True:
-            try:
-                status = get_status(port, path)
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None:
-                raise RuntimeError(f"the server did not start: {server.stderr.read().decode()}")
-            if time.time() > deadline:  # still running: its stderr would never end
-                raise RuntimeError(f"{path} answered {status} for 30 s (scenario {scenario})")
-            time.sleep(0.1)
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def run_once(db: str, scenario: str, path: str, seconds: int, warmup: int,
+             server_command: Any = gunicorn) -> dict[str, float]:
+    """One server started with `server_command(port)`, warmed up, then loaded by wrk."""
+    server, port = start_server(db, scenario, path, server_command)
+    try:
         wrk(port, path, warmup)  # connections, imports and caches warmed
         scripts = _scripts_run()
         result = wrk(port, path, seconds)
         result["scripts/s"] = (_scripts_run() - scripts) / seconds
         return result
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server)
 
 
 def wrk_table(runs: dict[str, list[dict[str, float]]]) -> tuple[str, dict[str, float]]:

@@ -31,11 +31,9 @@ import argparse
 import collections
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -76,38 +74,10 @@ def _cpu_ticks(pids: list[int]) -> int:
     return total
 
 
-def _master(port: int, db: str, scenario: str) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen(
-        e2e.gunicorn(port), cwd=common.ROOT, env=e2e.server_env(db, scenario),
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 30
-    while True:
-        try:
-            if e2e.get_status(port, "/hello/") in (200, 429):
-                return server
-        except OSError:
-            pass
-        if server.poll() is not None or time.time() > deadline:
-            _stop(server)
-            raise RuntimeError(f"gunicorn did not serve /hello/ (scenario {scenario})")
-        time.sleep(0.1)
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-
-
 def load(db: str, scenario: str, seconds: int, profile: Path | None) -> dict[str, float]:
     """One server under wrk: requests/s and worker CPU µs per request (and py-spy's raw
     samples of one worker in `profile`)."""
-    port = e2e.free_port()
-    server = _master(port, db, scenario)
+    server, port = e2e.start_server(db, scenario, "/hello/")
     try:
         e2e.wrk(port, "/hello/", 1)  # warm: connections, imports, caches
         workers = _workers(server.pid)
@@ -125,7 +95,7 @@ def load(db: str, scenario: str, seconds: int, profile: Path | None) -> dict[str
         if spy is not None and spy.wait(seconds + 30) != 0:
             raise RuntimeError(f"py-spy failed: {spy.stderr.read().decode()}")  # type: ignore[union-attr]
     finally:
-        _stop(server)
+        e2e.stop_server(server)
     per_request = ticks / os.sysconf("SC_CLK_TCK") / max(result["n"], 1) * 1e6
     return {"rps": result["rps"], "cpu_us": per_request, "bad": result["bad"]}
 
