@@ -102,6 +102,27 @@ _MONITOR_LINE = re.compile(
 )
 
 
+def wait_replicated(primary: redis.Redis, timeout: float = 10.0) -> None:
+    """Return once a replica of `primary` has acknowledged everything written to it so far.
+
+    `WAIT` cannot say this for another connection's writes: it waits for the offset of
+    the calling connection's own last write, and a connection that wrote nothing waits for
+    none. A replica's first writes after its initial sync also reach it only once it first
+    acknowledges (within a second), so "link up" is not "caught up" either. The primary's
+    offset now, against the offsets its replicas acknowledged, is.
+    """
+    target = primary.info("replication")["master_repl_offset"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = primary.info("replication")
+        for name, replica in info.items():
+            if (name.startswith("slave") and isinstance(replica, dict)
+                    and replica.get("state") == "online" and replica["offset"] >= target):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no replica acknowledged offset {target} within {timeout}s")
+
+
 def script_calls(client: redis.Redis) -> int:
     """Scripts and functions the server has run since its stats were last reset: the
     batch decisions (FCALL) and the other scripts (EVALSHA) together."""

@@ -24,6 +24,7 @@ from ratelimits.engine.keynames import base_key, cell, period_us, stats_key, to_
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
 from tests.redis_cluster import RedisCluster
+from tests.redis_server import wait_replicated
 
 pytestmark = pytest.mark.slow
 
@@ -328,7 +329,7 @@ def test_limits_apply_again_once_a_replica_took_over_a_killed_primary():
         assert engine.evaluate([limit]).allowed
         node = client.get_node_from_key(base_key("rl:", limit))
         port = int(node.port)
-        assert client.get_redis_connection(node).wait(1, 5000) == 1  # the replica has it
+        wait_replicated(client.get_redis_connection(node))  # the replica has it
         small.kill(port)  # kill -9: what the primary had not replicated is lost
         outcomes: list[str] = []
         deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 from django_redis.pool import ConnectionFactory
 
-from tests.redis_server import RedisProcess, free_port
+from tests.redis_server import RedisProcess, free_port, wait_replicated
 
 SERVICE = "rl-master"
 
@@ -137,7 +137,7 @@ def test_enforcement_follows_a_sentinel_failover(client, make_policy, settings, 
         make_policy(name="through-sentinel", algorithm="sliding_log", limit=3, period=3600,
                     path="/hello/", on_error="deny")
         assert [get("/hello/") for _ in range(2)] == [200, 200]
-        assert redis.Redis(port=master.port).wait(1, 2000) == 1  # the counts reached the replica
+        wait_replicated(redis.Redis(port=master.port))  # the counts reached the replica
 
         seen = lambda: sentinel.knows_healthy_replica(replica.port)  # noqa: E731
         wait_for(seen, "sentinel to see the replica", 30)
