@@ -39,23 +39,25 @@ docs: $(DOCS_STAMP)
 
 install: $(STAMP)
 
+# Every suite runs on every core (pytest-xdist): a file's tests on one worker, each worker
+# with a private redis-server of its own; one process when REDIS_URL names the one Redis
+# to use.
+TEST_JOBS := $(if $(REDIS_URL),,-n auto --dist loadfile)
+
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(TEST_JOBS)
 
 # The newest pair we support, in its own environment under .nox/ (noxfile.py): Python 3.13
 # (pyenv's, or python3.13 on PATH) with Django 6.1. `make test-matrix` runs every pair.
 test-newest: $(STAMP) $(CHROMIUM)
-	$(BIN)/nox -s "tests(py3.13-django6.1)"
+	$(BIN)/nox -s "tests(py3.13-django6.1)" -- $(TEST_JOBS)
 
 test-matrix: $(STAMP) $(CHROMIUM)
-	$(BIN)/nox
+	$(BIN)/nox -- $(TEST_JOBS)
 
-# The edit loop: no cluster, no server processes, no browser (the tests marked `slow`), on
-# every core (pytest-xdist: a file's tests on one worker, each worker with a private
-# redis-server of its own); one process when REDIS_URL names the one Redis to use.
-TEST_FAST_JOBS := $(if $(REDIS_URL),,-n auto --dist loadfile)
+# The edit loop: no cluster, no server processes, no browser (the tests marked `slow`).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(TEST_FAST_JOBS)
+	$(BIN)/python -m pytest -m "not slow" $(TEST_JOBS)
 
 # The README's pictures, taken by the browser test as it walks through the admin.
 screenshots: $(STAMP) $(CHROMIUM)

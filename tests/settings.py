@@ -59,7 +59,12 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
-RATELIMITS = {"KEY_PREFIX": "tests-rl:"}
+# A connection given a whole second: `make test` runs two files at once on two cores, and a
+# cluster client's connect has taken more than the default 0.1 s under that load (its
+# request then fell to on_error). The tests of a slow or dead server set their own
+# timeouts; a paused server still accepts connections, so the reply's timeout (kept at its
+# default) is what they meet.
+RATELIMITS = {"KEY_PREFIX": "tests-rl:", "CONNECT_TIMEOUT": 1.0}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

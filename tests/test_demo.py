@@ -1,7 +1,8 @@
 """The demo site, driven as `make demo` drives it: migrate, seed, log in, hit the views.
 
 Each step runs in a subprocess with the demo's own settings and a throwaway SQLite file,
-so this checks the real entry points (manage.py and the demo commands), not a copy.
+so this checks the real entry points (manage.py and the demo commands), not a copy. The
+file runs `manage.py migrate` once and gives each test a copy of the migrated database.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,17 +43,31 @@ def run(args, env, **kwargs):
     )
 
 
-@pytest.fixture
-def demo_env(tmp_path, redis_url):
+def _env(database: Path) -> dict[str, str]:
     env = {
         **os.environ,
-        "DEMO_DB": str(tmp_path / "demo.sqlite3"),
+        "DEMO_DB": str(database),
         "DJANGO_SETTINGS_MODULE": "demo_project.settings",
     }
     env.pop("REDIS_URL", None)  # the demo's default: the in-process engine
-    migrated = run(["manage.py", "migrate", "--noinput"], env)
-    assert migrated.returncode == 0, migrated.stderr
     return env
+
+
+@pytest.fixture(scope="module")
+def migrated_database(tmp_path_factory):
+    """The demo's database as `manage.py migrate` leaves it, made once for this file."""
+    database = tmp_path_factory.mktemp("demo") / "migrated.sqlite3"
+    migrated = run(["manage.py", "migrate", "--noinput"], _env(database))
+    assert migrated.returncode == 0, migrated.stderr
+    return database
+
+
+@pytest.fixture
+def demo_env(tmp_path, redis_url, migrated_database):
+    """The demo's settings on a freshly migrated database of this test's own."""
+    database = tmp_path / "demo.sqlite3"
+    shutil.copyfile(migrated_database, database)
+    return _env(database)
 
 
 def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisClusterException
@@ -49,7 +50,8 @@ def prefixed_keys(client: redis.Redis) -> set[str]:
 
 def assert_limiter_options(kwargs, socket_timeout: float = 0.1) -> None:
     assert kwargs["socket_timeout"] == socket_timeout
-    assert kwargs["socket_connect_timeout"] == 0.1
+    # the suite's settings give a connect a second (tests/settings.py), not the default 0.1
+    assert kwargs["socket_connect_timeout"] == django_settings.RATELIMITS["CONNECT_TIMEOUT"]
     assert kwargs["retry"].get_retries() == 0
     assert not kwargs.get("retry_on_timeout")
 
@@ -281,7 +283,8 @@ def test_one_seed_of_the_cluster_url_finds_every_primary_with_the_limiters_timeo
     from ratelimits.conf import get_config
 
     config = get_config()
-    client = deployments.cluster_client(config["REDIS_URL"], config["SOCKET_TIMEOUT"], 0.1)
+    client = deployments.cluster_client(config["REDIS_URL"], config["SOCKET_TIMEOUT"],
+                                          config["CONNECT_TIMEOUT"])
     try:
         primaries = {n.port for n in client.get_primaries()}
         assert primaries == set(cluster.primary_ports())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import time
 import urllib.parse
 
 import pytest
@@ -77,4 +78,10 @@ def test_failed_logins_are_charged_across_cold_workers_and_the_lockout_outlives_
     site.run("from ratelimits.models import Policy\n"
              "from ratelimits.ops.reset import reset_client\n"
              "reset_client(Policy.objects.get(name='admin-login-failures'), '127.0.0.1')")
-    assert attempt(site, "right") == (302, None)  # the operator's reset ended it
+    # The operator's reset ended it. A worker that refused the address remembers the
+    # refusal until that entry's second is over (docs/scale-out.md, "Edits and resets seen
+    # within a second"), and the reset ran in another process: within a second, then.
+    deadline = time.monotonic() + 1.5
+    while (answer := attempt(site, "right"))[0] == 429 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert answer == (302, None)
