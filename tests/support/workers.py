@@ -7,6 +7,7 @@ names the worker's pid (tests/support/workers_settings.py).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import os
@@ -31,6 +32,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _listened_on(port: int) -> bool:
+    """Whether a socket listens on `port` (a bind with SO_REUSEADDR fails only then)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
 
 
 class Site:
@@ -137,6 +149,9 @@ class Site:
                     socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 else:
                     self.get(self.probe)
+                if self.server.poll() is not None:  # what answered was not this server
+                    raise RuntimeError("the server exited as it started: " + (
+                        self.server.stderr.read().decode()))  # type: ignore[union-attr]
                 return
             except OSError:
                 if self.server.poll() is not None or time.monotonic() > deadline:
@@ -160,8 +175,21 @@ class Site:
             response = conn.getresponse()
             named = {k.lower(): v for k, v in response.getheaders()}
             return response.status, named, response.read().decode()
+        except ConnectionError as exc:
+            exc.add_note(self._state())
+            raise
         finally:
             conn.close()
+
+    def _state(self) -> str:
+        """What the server is doing, for a request that lost its connection."""
+        if self.server is None:
+            return "no server was started"
+        code = self.server.poll()
+        if code is None:
+            return f"the server (pid {self.server.pid}) is still running"
+        errors = self.server.stderr.read().decode()  # type: ignore[union-attr]
+        return f"the server exited with {code}: {errors[-2000:]}"
 
     def text(self, path: str) -> tuple[int, str]:
         """(status, body) of one request on a new connection."""
@@ -195,3 +223,18 @@ class Site:
             except subprocess.TimeoutExpired:
                 os.killpg(self.server.pid, signal.SIGKILL)
                 self.server.wait()
+        if self.server is not None:
+            self._wait_port_released(self.server.pid)
+
+    def _wait_port_released(self, group: int) -> None:
+        """Return once no process listens on the site's port. A worker can outlive its
+        server's main process for a moment, still holding the listening socket; a server
+        started again on the port would then fail to bind while the old worker accepted,
+        and reset, the next test's requests."""
+        deadline = time.monotonic() + 10
+        while _listened_on(self.port):
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+            time.sleep(0.05)
