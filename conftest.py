@@ -26,10 +26,16 @@ def _page_starts(namespace: dict[str, Any]) -> None:
 
 
 def _page_ends(namespace: dict[str, Any]) -> None:
-    """The limits a page declared in code (decorated views, DRF scopes) end with it."""
+    """The limits a page declared in code (decorated views, DRF scopes) end with it, and
+    so do their policy rows: emptying the database after a block writes the declared
+    limits again (Django's flush sends `post_migrate`), and a row left by one page would
+    show in the next page's listings."""
+    from ratelimits.models import Policy
     from ratelimits.pipeline.declared import registry
 
     registry.restore(namespace["_declared_before_the_page"])
+    with namespace["django_db_blocker"].unblock():
+        Policy.objects.filter(declared=True).exclude(name__in=list(registry.declared)).delete()
 
 
 pytest_collect_file = Sybil(
@@ -41,5 +47,6 @@ pytest_collect_file = Sybil(
     # Sybil asks for these by name, autouse ones included (it does not look them up): Django's
     # test environment, and the suite's Redis and clean process state.
     fixtures=["django_test_environment", "_dj_autoclear_mailbox", "_cache_on_fixture_redis",
-              "clean_state", "transactional_db", "client", "rf", "settings", "django_user_model"],
+              "clean_state", "transactional_db", "client", "rf", "settings", "django_user_model",
+              "django_db_blocker"],
 ).pytest()
