@@ -231,10 +231,14 @@ class Site:
         server's main process for a moment, still holding the listening socket; a server
         started again on the port would then fail to bind while the old worker accepted,
         and reset, the next test's requests."""
+        killed = False
         deadline = time.monotonic() + 10
         while _listened_on(self.port):
             if time.monotonic() > deadline:
+                if killed:
+                    raise RuntimeError(f"port {self.port} is still taken after the server "
+                                       "and its process group were killed")
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, signal.SIGKILL)
-                deadline = time.monotonic() + 10
+                killed, deadline = True, time.monotonic() + 10
             time.sleep(0.05)
