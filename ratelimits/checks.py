@@ -29,7 +29,7 @@ from django.db import DatabaseError
 from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
-from ratelimits.conf import build_config
+from ratelimits.conf import build_config, setting_or_default
 from ratelimits.matching.paths import PathPattern, normalize_path
 from ratelimits.pipeline.engines import cache_backend, is_redis_backend
 from ratelimits.pipeline.metrics import available
@@ -195,10 +195,7 @@ LOCKOUT_HINT = (
 def limits_admin() -> bool:
     """`RATELIMITS["LIMIT_ADMIN"]`, or its default when the settings are invalid (E001
     says so)."""
-    try:
-        return bool(build_config(getattr(settings, "RATELIMITS", None))["LIMIT_ADMIN"])
-    except ImproperlyConfigured:
-        return False
+    return bool(setting_or_default("LIMIT_ADMIN"))
 
 
 def lockout_message(policy: Any, admin_url: str) -> str:

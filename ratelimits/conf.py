@@ -183,6 +183,17 @@ def get_config() -> Mapping[str, Any]:
     return _config
 
 
+def setting_or_default(name: str) -> Any:
+    """`RATELIMITS[name]`, or its default while `RATELIMITS` is invalid. For what must not
+    raise on a settings mistake: validating a policy declared in code (its module is
+    imported by `manage.py check` before the check reports the mistake as E001) and
+    the check's own messages. The request path reads `get_config()`, which raises."""
+    try:
+        return get_config()[name]
+    except ImproperlyConfigured:
+        return SETTINGS[name].default
+
+
 def time_zone() -> str:
     """The zone calendar windows follow: `settings.TIME_ZONE` (UTC when it is None)."""
     return getattr(settings, "TIME_ZONE", None) or "UTC"

@@ -10,7 +10,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from ratelimits.conf import get_config, time_zone
+from ratelimits.conf import setting_or_default, time_zone
 from ratelimits.engine.calendar import NOMINAL_SECONDS
 from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
@@ -458,7 +458,7 @@ class Policy(models.Model):
                 add(field, f"{spec.label.capitalize()} cannot take a {label}; set it to 0 "
                     f"or choose {', '.join(choices[:-1])} or {choices[-1]}.")
                 ok = False
-        max_delay = get_config()["MAX_DELAY"]
+        max_delay = setting_or_default("MAX_DELAY")
         if self.max_wait > max_delay:
             add("max_wait", f"A request is never held longer than RATELIMITS['MAX_DELAY'] "
                 f"({max_delay:g} s); set the max wait to at most {max_delay:g} or raise "
@@ -472,7 +472,7 @@ class Policy(models.Model):
         held longer, so a longer queue would refuse requests that it claims to admit."""
         if not spec.delays:
             return
-        max_delay = get_config()["MAX_DELAY"]
+        max_delay = setting_or_default("MAX_DELAY")
         longest = spec.queue_within(limit, max_delay - limit.max_wait)
         if spec.burst_of(limit) > longest:
             wait = spec.burst_of(limit) * limit.period / limit.limit + limit.max_wait
@@ -595,7 +595,7 @@ class Override(models.Model):
             policy = None
         if policy is not None:
             try:
-                parse_match(policy.key, self.match, get_config()["IPV6_PREFIX"])
+                parse_match(policy.key, self.match, setting_or_default("IPV6_PREFIX"))
             except ValueError as exc:
                 add("match", str(exc)[0].upper() + str(exc)[1:] + ".")
         if policy is not None and policy.algorithm in LEARNED_ALGORITHMS:

@@ -84,6 +84,46 @@ def test_manage_py_check_reports_the_mistake_as_e001(tmp_path, ratelimits, says)
     assert "Traceback" not in run.stderr  # a report, not a crash while loading the app
 
 
+DECLARING_URLS = """
+from django.http import HttpResponse
+from django.urls import path
+
+from ratelimits.compat.django_ratelimit.decorators import ratelimit as dr_ratelimit
+from ratelimits.decorators import ratelimit
+
+
+@ratelimit(name="quote", rate="3/m", key="ip", algorithm="gcra", max_wait=1)
+def quote(request):
+    return HttpResponse("ok")
+
+
+@dr_ratelimit(key="post:username", rate="5/m")
+def login(request):
+    return HttpResponse("ok")
+
+
+urlpatterns = [path("quote/", quote), path("login/", login)]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("ratelimits", "says"), [
+    *MISTAKES[:3], ('{"MAX_DELAY": "long"}', "RATELIMITS['MAX_DELAY'] must be"),
+])
+def test_manage_py_check_reports_the_mistake_when_the_urlconf_declares_limits(
+    tmp_path, ratelimits, says
+):
+    """The checks import the URLconf, and with it the views' `@ratelimit` declarations,
+    which validate their policies against RATELIMITS' MAX_DELAY and IPV6_PREFIX: a
+    mistake in RATELIMITS is still reported as E001, not raised from the import."""
+    (tmp_path / "declaring_urls.py").write_text(DECLARING_URLS)
+    run = run_with_settings(tmp_path, f"{ratelimits}\nROOT_URLCONF = 'declaring_urls'",
+                            "-m", "django", "check")
+    assert run.returncode == 1, run.stderr
+    assert "ratelimits.E001" in run.stderr and says in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 # -- the request path never admits on a bad setting ----------------------------------------
 
 
