@@ -8,6 +8,10 @@ BENCH_E2E_SCENARIO:
   drf      DRF's AnonRateThrottle + UserRateThrottle at BENCH_DRF_RATE, ours off
   compat   ours with DRF's API: ratelimits.compat.drf's AnonRateThrottle +
            UserRateThrottle at BENCH_DRF_RATE, no RateLimitMiddleware (as drf)
+  dr       django-ratelimit's own `@ratelimit` on /dr-hello/ (bench/e2e_urls.py), its
+           client read from X-Forwarded-For (RATELIMIT_IP_META_KEY), ours off
+  drcompat ours with django-ratelimit's API: the same decorator and arguments from
+           ratelimits.compat.django_ratelimit, no RateLimitMiddleware (as dr)
   floor    the floor: bench.floor.FloorMiddleware in our middleware's place (one EVALSHA
            of `return 1` per request, nothing else), ours off, no DRF throttle classes
   thread   ours, with the async stack's decision handed to a thread by `sync_to_async`
@@ -39,13 +43,15 @@ if SCENARIO == "ours":
 elif SCENARIO == "thread":
     MIDDLEWARE = ["bench.thread_hop.ThreadHopMiddleware" if m == _OURS else m
                   for m in MIDDLEWARE]
-elif SCENARIO in ("none", "floor", "drf", "compat"):
+elif SCENARIO in ("none", "floor", "drf", "compat", "dr", "drcompat"):
     floor = ["bench.floor.FloorMiddleware"] if SCENARIO == "floor" else []
     MIDDLEWARE = [n for m in MIDDLEWARE for n in (floor if m == _OURS else [m])]
     SILENCED_SYSTEM_CHECKS = ["ratelimits.W002"]
-    if SCENARIO != "compat":  # the compat throttles decide with our engine
+    if SCENARIO not in ("compat", "drcompat"):  # the compat layers decide with our engine
         RATELIMITS = {**RATELIMITS, "ENABLED": False}
-    if SCENARIO in ("none", "floor"):
+    # django-ratelimit's `ip` key: the client wrk names, as ours reads it behind the proxy
+    RATELIMIT_IP_META_KEY = "HTTP_X_FORWARDED_FOR"
+    if SCENARIO in ("none", "floor", "dr", "drcompat"):
         REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": []}
     else:
         rate = os.environ.get("BENCH_DRF_RATE", "1000000/min")
