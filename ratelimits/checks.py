@@ -3,7 +3,7 @@
 ratelimits.E001  RATELIMITS has an unknown key or a bad value
 ratelimits.E002  RateLimitMiddleware is listed before AuthenticationMiddleware
 ratelimits.E003  RATELIMITS["CACHE"] names an alias that is not in CACHES
-ratelimits.E004  REJECT_VIEW or EXEMPT cannot be imported
+ratelimits.E004  REJECT_VIEW, EXEMPT or TIER cannot be imported
 ratelimits.W001  the cache is not Redis (and REDIS_URL is unset): limits are per process
 ratelimits.W002  neither the middleware nor the DRF throttle is installed
 ratelimits.W003  RATELIMITS["METRICS"] is True but prometheus_client is not installed
@@ -63,7 +63,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="ratelimits.I001",
             )
         )
-    for name in ("REJECT_VIEW", "EXEMPT"):
+    for name in ("REJECT_VIEW", "EXEMPT", "TIER"):
         if config[name]:
             try:
                 import_string(config[name])

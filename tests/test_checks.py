@@ -76,6 +76,14 @@ def test_e004_reject_view_not_importable():
     assert "tests.nowhere.view" in msg.msg
 
 
+@override_settings(RATELIMITS={"TIER": "tests.nowhere.plan"})
+def test_e004_tier_not_importable():
+    """A TIER that cannot be imported would give no request a tier: every client would
+    get the limits of none, quietly."""
+    (msg,) = messages("ratelimits.E004")
+    assert "RATELIMITS['TIER'] = 'tests.nowhere.plan'" in msg.msg
+
+
 @override_settings(RATELIMITS={"CACHE": "local"})
 def test_w001_store_not_shared():
     (msg,) = messages("ratelimits.W001")

@@ -49,6 +49,7 @@ MISTAKES = [
     ('{"SOCKET_TIMEOUT": "fast"}', "RATELIMITS['SOCKET_TIMEOUT'] must be a number of seconds"),
     ('{"CACHE": "redis"}', "RATELIMITS['CACHE'] is 'redis', which is not an alias in CACHES"),
     ('{"REJECT_VIEW": "tests.nowhere.view"}', "RATELIMITS['REJECT_VIEW'] = 'tests.nowhere.view'"),
+    ('{"TIER": "tests.nowhere.plan"}', "RATELIMITS['TIER'] = 'tests.nowhere.plan'"),
 ]
 
 
