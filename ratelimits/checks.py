@@ -193,8 +193,7 @@ LOCKOUT_HINT = (
 
 
 def limits_admin() -> bool:
-    """`RATELIMITS["LIMIT_ADMIN"]`, or its default when the settings are invalid (E001
-    says so)."""
+    """`RATELIMITS["LIMIT_ADMIN"]`, also while another key is invalid (E001 says so)."""
     return bool(setting_or_default("LIMIT_ADMIN"))
 
 

@@ -184,14 +184,21 @@ def get_config() -> Mapping[str, Any]:
 
 
 def setting_or_default(name: str) -> Any:
-    """`RATELIMITS[name]`, or its default while `RATELIMITS` is invalid. For what must not
-    raise on a settings mistake: validating a policy declared in code (its module is
-    imported by `manage.py check` before the check reports the mistake as E001) and
-    the check's own messages. The request path reads `get_config()`, which raises."""
+    """`RATELIMITS[name]`, even while another key of `RATELIMITS` is invalid; its default
+    when this one is missing or invalid too. For what must not raise on a settings
+    mistake: validating a policy declared in code (its module is imported by
+    `manage.py check` before the check reports the mistake as E001) and the check's own
+    messages. The request path reads `get_config()`, which raises."""
     try:
         return get_config()[name]
     except ImproperlyConfigured:
-        return SETTINGS[name].default
+        pass
+    setting = SETTINGS[name]
+    user: Any = getattr(settings, "RATELIMITS", None)
+    try:
+        return setting.check(user[name])
+    except (TypeError, KeyError, ValueError):  # not a dict, not set, or not valid
+        return setting.default
 
 
 def time_zone() -> str:

@@ -10,7 +10,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from ratelimits.conf import SETTINGS, build_config, get_config
+from ratelimits.conf import SETTINGS, build_config, get_config, setting_or_default
 
 
 def test_defaults_fill_every_key():
@@ -92,3 +92,18 @@ def test_the_settings_page_gives_every_key_its_default_and_a_section():
     assert defaults == {name: setting.default for name, setting in SETTINGS.items()}
     sections = re.findall(r"^### `([A-Z_0-9]+)`$", page, re.MULTILINE)
     assert sorted(sections) == sorted(SETTINGS)
+
+
+@pytest.mark.parametrize(("ratelimits", "max_delay"), [
+    ({"MAX_DELAY": 10}, 10.0),  # valid settings: the value
+    ({"MAX_DELAY": 10, "HEADRS": "ietf"}, 10.0),  # another key's typo: still the value
+    ({"MAX_DELAY": "long"}, 5.0),  # this key invalid: the default
+    ({"HEADRS": "ietf"}, 5.0),  # not set: the default
+    (["not", "a", "dict"], 5.0),
+])
+def test_setting_or_default_reads_a_valid_value_beside_an_invalid_key(ratelimits, max_delay):
+    """A declaration validated while RATELIMITS is invalid (manage.py check imports the
+    URLconf before it reports E001) sees the user's MAX_DELAY when that one is valid, so
+    a max_wait it allows is not refused as if the default applied."""
+    with override_settings(RATELIMITS=ratelimits):
+        assert setting_or_default("MAX_DELAY") == max_delay
