@@ -1,4 +1,5 @@
-"""The decision on one request, written once as a flow (see `drivers`).
+"""The decision on one request, written once as a flow (see `drivers`), and run in place
+for a blocking caller where it can be (`decide_now`).
 
 It picks the policies for the request's scopes from the snapshot (resolver), identifies
 the client (plan), takes a place in the waiting room when a policy may delay it
@@ -19,8 +20,8 @@ from ratelimits.conf import get_config
 from ratelimits.matching.keykinds import KEY_KINDS
 from ratelimits.matching.paths import normalize_path
 from ratelimits.pipeline.context import Context
-from ratelimits.pipeline.drivers import Blocking, Steps, UserLoad
-from ratelimits.pipeline.layers import decide_planned
+from ratelimits.pipeline.drivers import Blocking, Steps, UserLoad, run
+from ratelimits.pipeline.layers import decide_planned, decide_shared_now, local_layers
 from ratelimits.pipeline.outage import UNREACHED
 from ratelimits.pipeline.plan import plan
 from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
@@ -31,7 +32,8 @@ from ratelimits.pipeline.routing import (
     under_admin,
 )
 from ratelimits.pipeline.state import RequestState, http_request, process, state_for
-from ratelimits.pipeline.version import newer_snapshot
+from ratelimits.pipeline.verdict import Verdict
+from ratelimits.pipeline.version import current, newer_snapshot
 from ratelimits.pipeline.waiting import seat, settle, vacate
 
 
@@ -39,17 +41,72 @@ def decide_flow(
     request: Any, scopes: frozenset[str], sender: type, state: RequestState | None = None
 ) -> Steps:
     """The verdict on `request` for the policies of `scopes`; None when nothing applies."""
+    ctx = _context(request, scopes, sender, state)
+    if ctx is None:
+        return None
+    if _unseen(ctx):
+        if (yield from _left_alone(ctx)):
+            return None
+    elif ctx.state.exempt:
+        return None
+    snap = resolver.ready()
+    if snap is None or _tables_due():
+        snap = yield from _snapshot(snap)
+    return _ended(ctx.state, (yield from _decide(ctx, snap)))
+
+
+def decide_now(
+    request: Any, scopes: frozenset[str], sender: type, state: RequestState | None = None
+) -> Verdict | None:
+    """`decide_flow` for a blocking caller, straight through.
+
+    The same steps in the same order, but the usual path (the request's path looked at,
+    the snapshot current, every policy counted in the store, the reply's version the
+    snapshot's) calls them in place instead of through a generator per step: a flow's
+    machinery costs more than those steps themselves. Anything else (a first look at an
+    admin path, a snapshot to load, an in-process layer, a newer version) runs the
+    flow's own step, with the blocking driver.
+    """
+    ctx = _context(request, scopes, sender, state)
+    if ctx is None:
+        return None
+    if _unseen(ctx):
+        if run(_left_alone(ctx)):
+            return None
+    elif ctx.state.exempt:
+        return None
+    snap = resolver.ready()
+    if snap is None or _tables_due():
+        snap = run(_snapshot(snap))
+    return _ended(ctx.state, _decide_now(ctx, snap))
+
+
+def _context(
+    request: Any, scopes: frozenset[str], sender: type, state: RequestState | None
+) -> Context | None:
+    """What deciding `request` works from; None when rate limiting is off."""
     config = get_config()
     if not config["ENABLED"]:
         return None
     if state is None:
         state = state_for(request)
     method = (http_request(request).method or "GET").upper()
-    ctx = Context(request, state, method, scopes, sender, config)
-    if (yield from _left_alone(ctx)):
-        return None
-    snap = yield from _snapshot()
-    verdict = yield from _decide(ctx, snap)
+    return Context(request, state, method, scopes, sender, config)
+
+
+def _unseen(ctx: Context) -> bool:
+    """Whether `_left_alone` has something to look at: the request's path, the first
+    time, or its exemption (`EXEMPT`) not asked yet."""
+    state = ctx.state
+    return state.path is None or (state.exempt is None and bool(ctx.config["EXEMPT"]))
+
+
+def _tables_due() -> bool:
+    """Whether the policy tables are due to be looked at again (see `_snapshot`)."""
+    return runtime.clock().monotonic() - process.db_checked_at >= DB_CHECK_EVERY
+
+
+def _ended(state: RequestState, verdict: Verdict | None) -> Verdict | None:
     if verdict is not None and not verdict.allowed:
         state.pending.clear()  # refused: nothing to charge or clear after its response
     return verdict
@@ -77,13 +134,13 @@ def _left_alone(ctx: Context) -> Steps:
     return False
 
 
-def _snapshot() -> Steps:
-    """The compiled policies; loaded when none is, and the policy tables looked at again
-    once `DB_CHECK_EVERY` has passed (both from the database: blocking calls)."""
-    snap = resolver.ready()
+def _snapshot(snap: Snapshot | None) -> Steps:
+    """The compiled policies (`snap`: the ready snapshot, if any); loaded when none is,
+    and the policy tables looked at again once `DB_CHECK_EVERY` has passed (both from the
+    database: blocking calls)."""
     if snap is None:
         snap = yield Blocking(resolver.snapshot)
-    if runtime.clock().monotonic() - process.db_checked_at >= DB_CHECK_EVERY:
+    if _tables_due():
         snap = yield Blocking(resolver.recheck, snap)
     return snap
 
@@ -103,15 +160,54 @@ def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps
     except BaseException:  # a cancelled task too (the driver throws it in here)
         vacate(place)
         raise
+    if _done(ctx, snap, planned, place, verdict, decision):
+        return verdict
+    return (yield from _newer(ctx, snap, verdict, decision, second_pass))
+
+
+def _decide_now(ctx: Context, snap: Snapshot) -> Verdict | None:
+    """`_decide` in place (see `decide_now`); a blocking caller's `_plan` is `plan`."""
+    state = ctx.state
+    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged)
+    if not policies:
+        verdict: Verdict | None = run(_none_match(ctx, snap, False))
+        return verdict
+    planned, failed = plan(ctx.request, policies, ctx.config, state, snap.members)
+    planned, place = seat(ctx, planned)
+    state.charged.update(p.id for p in policies)
+    try:
+        if local_layers(planned):
+            verdict, decision = run(decide_planned(ctx, planned, failed))
+        else:
+            verdict, decision = decide_shared_now(ctx, planned, failed)
+    except BaseException:
+        vacate(place)
+        raise
+    if _done(ctx, snap, planned, place, verdict, decision):
+        return verdict
+    newer: Verdict = run(_newer(ctx, snap, verdict, decision, False))
+    return newer
+
+
+def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict: Verdict,
+          decision: Any) -> bool:
+    """After the decision: the waiting place settled, what the response may charge or
+    clear kept; whether that is all (the store's reply says `snap` is current, or the
+    store was out of reach: the version waits for it)."""
+    state = ctx.state
     settle(state, place, verdict)
     if verdict.allowed:  # what its response may charge or clear (see `settling`)
         state.pending += [p for p in planned if p.policy.charge_on or p.policy.reset_on]
     if decision is UNREACHED:
-        return verdict  # the store is out of reach: the version waits for it
+        return True
     state.version_seen = True
+    return current(None if decision is None else decision.version, snap)
 
-    # Another process changed the policies: load them and apply the ones this request
-    # has not met yet (already-charged policies are never charged twice).
+
+def _newer(ctx: Context, snap: Snapshot, verdict: Verdict, decision: Any,
+           second_pass: bool) -> Steps:
+    """Another process changed the policies: load them and apply the ones this request
+    has not met yet (already-charged policies are never charged twice)."""
     newer = yield from newer_snapshot(None if decision is None else decision.version, snap,
                                       ctx.config)
     if newer is not None and verdict.allowed and not second_pass:

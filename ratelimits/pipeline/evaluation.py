@@ -14,8 +14,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimits.pipeline.decision import decide_flow
-from ratelimits.pipeline.drivers import arun, run
+from ratelimits.pipeline.decision import decide_flow, decide_now
+from ratelimits.pipeline.drivers import arun
 from ratelimits.pipeline.release import arelease, release
 from ratelimits.pipeline.report import asend_all, log_unexpected, signals_deferred
 from ratelimits.pipeline.routing import throttle_decides
@@ -65,8 +65,7 @@ def evaluate(
     a rate limiter must not turn its own bug into an outage.
     """
     try:
-        verdict: Verdict | None = run(decide_flow(request, scopes, sender, state))
-        return verdict
+        return decide_now(request, scopes, sender, state)
     except ImproperlyConfigured:
         raise  # a settings mistake must not switch enforcement off unnoticed
     except Exception:

@@ -20,7 +20,7 @@ from ratelimits.pipeline.outage import UNREACHED, unreached
 from ratelimits.pipeline.plan import Planned
 from ratelimits.pipeline.recording import Timed
 from ratelimits.pipeline.release import adaptive_taken
-from ratelimits.pipeline.verdict import PolicyOutcome
+from ratelimits.pipeline.verdict import PolicyOutcome, Verdict
 from ratelimits.pipeline.watchdog import hold
 
 #: A policy's `counting` when each process counts it alone, in its in-process engine.
@@ -33,7 +33,7 @@ Layer = tuple[Any, list[Planned]]
 def decide_planned(ctx: Context, planned: list[Planned], failed: list[Any]) -> Steps:
     """(verdict, the store's decision): None when the store was not asked, `UNREACHED`
     when it was out of reach."""
-    layers = _local_layers(planned)
+    layers = local_layers(planned)
     if not layers:
         return (yield from _decide_shared(ctx, planned, failed))
     shared = [p for p in planned
@@ -50,13 +50,34 @@ def _decide_shared(ctx: Context, planned: list[Planned], failed: list[Any]) -> S
         decision = yield StoreCall(engine, [p.limit for p in planned], ctx.now())
     except EngineError as exc:  # unreachable, read-only, out of memory ...
         return unreached(ctx, planned, failed, exc, engine=engine, timed=timed), UNREACHED
+    return _judged(ctx, planned, failed, engine, timed, decision), decision
+
+
+def decide_shared_now(
+    ctx: Context, planned: list[Planned], failed: list[Any]
+) -> tuple[Verdict, Any]:
+    """`decide_planned` for a blocking caller when every policy of `planned` is counted
+    in the store (`local_layers` found none): the store asked in place, no flow."""
+    timed = Timed(ctx.config)
+    engine: Engine | None = None
+    try:
+        engine = get_engine()
+        decision = engine.evaluate([p.limit for p in planned], ctx.now())
+    except EngineError as exc:
+        return unreached(ctx, planned, failed, exc, engine=engine, timed=timed), UNREACHED
+    return _judged(ctx, planned, failed, engine, timed, decision), decision
+
+
+def _judged(ctx: Context, planned: list[Planned], failed: list[Any], engine: Engine,
+            timed: Timed, decision: Decision) -> Verdict:
+    """The verdict on the store's `decision` about `planned`, recorded, its slots held."""
     timed.decided(engine, timed.lap(), planned, decision)
     if decision.token is not None:
         hold(ctx.state, engine, decision)
-    return ctx.judge(planned, decision, failed), decision
+    return ctx.judge(planned, decision, failed)
 
 
-def _local_layers(planned: list[Planned]) -> list[Layer]:
+def local_layers(planned: list[Planned]) -> list[Layer]:
     """The policies decided in this process, each kind with its engine: the adaptive
     ones first (a refusal there is the cheapest), then the per-process ones."""
     layers: list[Layer] = []

@@ -18,6 +18,15 @@ from ratelimits.pipeline.state import process
 VERSION_EVERY = 1.0
 
 
+def current(version: int | None, snap: Snapshot) -> bool:
+    """Whether the `version` a store reply carried says `snap` is current (noting when
+    it was learnt); False when the reply carried none: `newer_snapshot` finds out."""
+    if version is None:
+        return False
+    process.version_at = runtime.clock().monotonic()
+    return not resolver.outdates(version, snap)
+
+
 def newer_snapshot(
     version: int | None, snap: Snapshot, config: Mapping[str, Any]
 ) -> Steps:

@@ -154,6 +154,27 @@ def test_order_is_priority_then_specificity(make_policy):
     assert names == ["urgent", "login", "all"]
 
 
+
+def test_matching_keeps_that_order_whatever_scopes_are_asked_for(make_policy):
+    """A request of one scope looks only at that scope's policies; of several, at all:
+    either way in the snapshot's order, without the ids already charged."""
+    make_policy(name="all", path="*")
+    make_policy(name="api", path="*", scope="api", priority=5)
+    make_policy(name="login", path="/login/")
+    make_policy(name="urgent", path="*", priority=10)
+    make_policy(name="api-login", path="/login/", scope="api")
+    snap = resolver.snapshot()
+
+    def names(scopes, exclude=frozenset()):
+        return [p.name for p in snap.matching("/login", "GET", frozenset(scopes), exclude)]
+
+    assert names({""}) == ["urgent", "login", "all"]
+    assert names({"api"}) == ["api", "api-login"]
+    assert names({"", "api"}) == ["urgent", "api", "api-login", "login", "all"]
+    assert names({"other"}) == []
+    urgent = next(p.id for p in snap.policies if p.name == "urgent")
+    assert names({""}, {urgent}) == ["login", "all"]
+
 # -- the database check: edits that moved no version --------------------------------------
 
 

@@ -21,7 +21,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from django.conf import settings
@@ -259,21 +259,26 @@ def policy_name(group: str, limit: int, period: int, methods: tuple[str, ...]) -
     return head + tail
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ask:
-    """One limit to decide for one request: its policy's scope and figures."""
+    """One limit to decide for one request: its policy's name, scope and figures."""
 
     name: str
     limit: int
     period: int
+    scope: str = field(init=False)
 
-    @property
-    def scope(self) -> str:
-        return SCOPE_PREFIX + self.name
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", SCOPE_PREFIX + self.name)
+
+
+#: The `Ask` of each policy name: one object per policy, not one per request.
+_ASKS: dict[str, Ask] = {}
 
 
 def declare(group: str, limit: int, period: int, methods: tuple[str, ...]) -> Ask:
-    """The policy of (group, rate, methods), declared the first time it is asked for."""
+    """The policy of (group, rate, methods), declared the first time it is asked for
+    (and again after the registry was cleared: a test's reset)."""
     name = policy_name(group, limit, period, methods)
     if name not in registry.declared:
         registry.declare(
@@ -281,7 +286,10 @@ def declare(group: str, limit: int, period: int, methods: tuple[str, ...]) -> As
             limit=limit, period=period, methods=",".join(methods), burst=None, cost=1,
             max_wait=0, warmup=0,
         )
-    return Ask(name, limit, period)
+    ask = _ASKS.get(name)
+    if ask is None:
+        ask = _ASKS[name] = Ask(name, limit, period)
+    return ask
 
 
 def static_ask(group: str, rate: Any, method: Methods) -> Ask | None:
@@ -356,16 +364,23 @@ def settle(ask: Ask, state: RequestState, verdict: Verdict | None) -> Verdict | 
     `allow`) refuses unless `RATELIMIT_FAIL_OPEN`, as upstream."""
     if verdict is None:
         return None
-    own = tuple(o for o in verdict.outcomes if o.policy.scope == ask.scope)
-    state.charged.difference_update(o.policy.id for o in own)
-    undecided = tuple(o for o in own if o.result is None)
-    if verdict.allowed and undecided and not fail_open():
-        return Verdict(UNAVAILABLE, undecided, own_retry_after=UNAVAILABLE_RETRY_AFTER)
+    scope, charged, undecided = ask.scope, state.charged, []
+    for outcome in verdict.outcomes:
+        if outcome.policy.scope == scope:
+            charged.discard(outcome.policy.id)
+            if outcome.result is None:
+                undecided.append(outcome)
+    if undecided and verdict.allowed and not fail_open():
+        return Verdict(UNAVAILABLE, tuple(undecided), own_retry_after=UNAVAILABLE_RETRY_AFTER)
     return verdict
 
 
 def _own(ask: Ask, verdict: Verdict) -> PolicyOutcome | None:
-    return next((o for o in verdict.outcomes if o.policy.scope == ask.scope), None)
+    scope = ask.scope
+    for outcome in verdict.outcomes:
+        if outcome.policy.scope == scope:
+            return outcome
+    return None
 
 
 def _usage(ask: Ask, verdict: Verdict | None) -> Usage | None:
