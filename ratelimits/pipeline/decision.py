@@ -197,7 +197,7 @@ def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict:
     state = ctx.state
     settle(state, place, verdict)
     if verdict.allowed:  # what its response may charge or clear (see `settling`)
-        state.pending += [p for p in planned if p.policy.charge_on or p.policy.reset_on]
+        state.pending += [p for p in planned if p.policy.settles]
     if decision is UNREACHED:
         return True
     state.version_seen = True

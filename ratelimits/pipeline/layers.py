@@ -81,6 +81,11 @@ def local_layers(planned: list[Planned]) -> list[Layer]:
     """The policies decided in this process, each kind with its engine: the adaptive
     ones first (a refusal there is the cheapest), then the per-process ones."""
     layers: list[Layer] = []
+    for p in planned:
+        if p.policy.in_process:
+            break
+    else:
+        return layers  # the usual case: every policy is the store's
     learned = [p for p in planned if p.limit.spec.learned]
     if learned:
         layers.append((get_adaptive_engine(), learned))

@@ -154,10 +154,20 @@ class CompiledPolicy:
                                      repr=False)
     #: The template's values of `_TEMPLATE_FIELDS`, read once.
     template_values: tuple[Any, ...] = field(init=False, compare=False, repr=False)
+    #: Derived once, for the request path. `in_process`: decided in this process (per
+    #: process, or adaptive), not in the store. `may_wait`: a client's limit may admit
+    #: with a delay (a `max_wait`, or an algorithm that queues; overrides change neither).
+    #: `settles`: its response may charge or clear the count (`charge_on`, `reset_on`).
+    in_process: bool = field(init=False, compare=False, repr=False)
+    may_wait: bool = field(init=False, compare=False, repr=False)
+    settles: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        _set(self, "template_values",
-             tuple(getattr(self.template, name) for name in _TEMPLATE_FIELDS))
+        template = self.template
+        _set(self, "template_values", tuple(getattr(template, name) for name in _TEMPLATE_FIELDS))
+        _set(self, "in_process", self.counting == "per_process" or template.spec.learned)
+        _set(self, "may_wait", template.max_wait > 0 or template.spec.delays)
+        _set(self, "settles", self.charge_on is not None or self.reset_on is not None)
 
     @property
     def shadow(self) -> bool:

@@ -178,7 +178,7 @@ def seat(ctx: Context, planned: list[Any]) -> tuple[list[Any], Place | None]:
     is, with the place. With one and no place (the room is full, or the worker serves one
     request at a time): its delaying limits made ones that cannot wait, no place.
     """
-    delaying = [p for p in planned if may_delay(p.limit)]
+    delaying = [p for p in planned if p.policy.may_wait and may_delay(p.limit)]
     if not delaying:
         return planned, None
     config = ctx.config

@@ -267,9 +267,12 @@ class Ask:
     limit: int
     period: int
     scope: str = field(init=False)
+    #: The scopes a request of this limit is decided for: its own alone.
+    scopes: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scope", SCOPE_PREFIX + self.name)
+        object.__setattr__(self, "scopes", frozenset({self.scope}))
 
 
 #: The `Ask` of each policy name: one object per policy, not one per request.
@@ -449,8 +452,7 @@ def get_usage(
     if not increment:
         return _peek(request, ask)
     state = state_for(request)
-    verdict = evaluation.evaluate(request, scopes=frozenset({ask.scope}), sender=CompatSender,
-                                  state=state)
+    verdict = evaluation.evaluate(request, scopes=ask.scopes, sender=CompatSender, state=state)
     verdict = settle(ask, state, verdict)
     if verdict is not None and verdict.status == UNAVAILABLE:
         return _failed_usage()  # refused by settle(), or by the policy's on_error=deny

@@ -77,11 +77,11 @@ def ratelimit(
                 refusal = Refusal(raising={ask.scope: refusal_exception})
             else:
                 refusal = Refusal(lenient=frozenset({ask.scope}))
-            return run_view(fn, request, args, kwargs, frozenset({ask.scope}), refusal, state,
+            return run_view(fn, request, args, kwargs, ask.scopes, refusal, state,
                             settle=functools.partial(settle, ask, state))
 
         if static is not None:
-            setattr(_wrapped, SCOPES_ATTR, frozenset({static.scope}))
+            setattr(_wrapped, SCOPES_ATTR, static.scopes)
         return _wrapped  # type: ignore[return-value]
 
     return decorator
