@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ratelimits.engine.algorithms import member
 from ratelimits.engine.calendar import CALENDARS, check_zone
+from ratelimits.engine.records import quick_init
 from ratelimits.engine.registry import (
     BURST_ALGORITHMS,
     LEARNED_ALGORITHMS,
@@ -35,6 +36,7 @@ _NO_LEASE = (
 )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Limit:
     """One rate limit to check for one client.
@@ -230,6 +232,7 @@ class Outcome(str, enum.Enum):
         return self.name.lower()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Result:
     """What one limit said about one request.
@@ -249,6 +252,7 @@ class Result:
     outcome: Outcome = Outcome.ADMITTED
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The outcome of one request against all of its limits."""

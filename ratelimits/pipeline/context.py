@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratelimits import runtime
+from ratelimits.engine.records import quick_init
 from ratelimits.engine.types import Decision
 from ratelimits.pipeline.state import RequestState, http_request
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict, judge
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Context:
     """A request being decided at one glue layer: the request and its state, its method,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ratelimits.engine.records import quick_init
 from ratelimits.engine.types import Limit
 from ratelimits.matching.identity import IdentityError
 from ratelimits.pipeline.report import log_identity_error
@@ -17,6 +18,7 @@ logger = logging.getLogger("ratelimits")
 _NO_MEMBERS: Mapping[str, frozenset[str]] = {}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Planned:
     """One policy to decide for this request: the client's identity and its limit."""

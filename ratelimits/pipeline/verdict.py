@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ratelimits.engine.records import quick_init
 from ratelimits.engine.types import Decision, Outcome, Result
 from ratelimits.pipeline.report import report
 
@@ -21,6 +22,7 @@ ADMITTED, LIMITED, UNAVAILABLE = 200, 429, 503
 UNAVAILABLE_RETRY_AFTER = 1
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PolicyOutcome:
     """What one policy said about one request; `result` is None when no engine decided."""
@@ -36,6 +38,7 @@ class PolicyOutcome:
         return self.result.limit.shadow if self.result is not None else self.policy.shadow
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The decision for one request at one glue layer."""
