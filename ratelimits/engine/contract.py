@@ -74,6 +74,7 @@ _ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
     for f in ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
 )
 FIELDS = len(RESULT_FIELDS)
+_HEAD = len(REPLY_HEAD)
 OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
 #: OUTCOMES, read from a reply's field as redis-py gives it (bytes) or as text
 _OUTCOME_OF: dict[str | bytes, Outcome] = {
@@ -146,12 +147,12 @@ def decode(
     limits: Sequence[Limit], reply: Sequence[Any], *, versioned: bool, token: str | None
 ) -> Decision:
     """The batch script's reply as a `Decision`; ValueError when it is not one."""
-    head = len(REPLY_HEAD)
-    if not isinstance(reply, list) or len(reply) != head + FIELDS * len(limits):
+    if not isinstance(reply, list) or len(reply) != _HEAD + FIELDS * len(limits):
         raise ValueError(f"unexpected reply from the batch script: {reply!r}")
     version = int(reply[_VERSION_AT]) if versioned else None
     admitted = reply[_ADMITTED_AT] == 1
-    return assemble(limits, reply[head:], admitted=admitted, version=version, token=token)
+    return assemble(limits, reply, admitted=admitted, version=version, token=token,
+                    start=_HEAD)
 
 
 def assemble(
@@ -161,14 +162,15 @@ def assemble(
     admitted: bool,
     version: int | None,
     token: str | None,
+    start: int = 0,
 ) -> Decision:
-    """`raw` holds, per limit, the `RESULT_FIELDS` (times in µs; the outcome is its
-    counter field: a, r, w or o). Both backends end here."""
+    """`raw` holds, from `start`, per limit, the `RESULT_FIELDS` (times in µs; the
+    outcome is its counter field: a, r, w or o). Both backends end here."""
     results = []
     retry_us = 0
     delay = 0.0
     holds = False
-    o = 0
+    o = start
     for limit in limits:
         allowed = raw[o + _ALLOWED] == 1
         outcome = _OUTCOME_OF[raw[o + _OUTCOME]]

@@ -44,10 +44,10 @@ def decide_flow(
     ctx = _context(request, scopes, sender, state)
     if ctx is None:
         return None
-    if _unseen(ctx):
-        if (yield from _left_alone(ctx)):
-            return None
-    elif ctx.state.exempt:
+    alone = _seen(ctx)
+    if alone is None:
+        alone = yield from _left_alone(ctx)
+    if alone:
         return None
     snap = resolver.ready()
     if snap is None or _tables_due():
@@ -70,10 +70,10 @@ def decide_now(
     ctx = _context(request, scopes, sender, state)
     if ctx is None:
         return None
-    if _unseen(ctx):
-        if run(_left_alone(ctx)):
-            return None
-    elif ctx.state.exempt:
+    alone = _seen(ctx)
+    if alone is None:
+        alone = run(_left_alone(ctx))
+    if alone:
         return None
     snap = resolver.ready()
     if snap is None or _tables_due():
@@ -94,11 +94,28 @@ def _context(
     return Context(request, state, method, scopes, sender, config)
 
 
-def _unseen(ctx: Context) -> bool:
-    """Whether `_left_alone` has something to look at: the request's path, the first
-    time, or its exemption (`EXEMPT`) not asked yet."""
+def _seen(ctx: Context) -> bool | None:
+    """`_left_alone`'s answer when no blocking call is needed to reach it: None when the
+    exemption (`EXEMPT`) is still to be asked, or the path is a first seen admin one."""
     state = ctx.state
-    return state.path is None or (state.exempt is None and bool(ctx.config["EXEMPT"]))
+    if state.exempt is None and ctx.config["EXEMPT"]:
+        return None
+    if state.exempt:
+        return True
+    if state.path is None:
+        if not ctx.config["LIMIT_ADMIN"] and under_admin(ctx.base):
+            return None  # whether the admin lets this user in reads the user
+        return _redirected(state, ctx.base)
+    return False
+
+
+def _redirected(state: RequestState, base: Any) -> bool:
+    """The request's path, seen for the first time: kept in `state`; whether
+    CommonMiddleware redirects it to the path with a slash (then it is exempt)."""
+    state.path = normalize_path(base.path_info)
+    if not base.path_info.endswith("/") and redirects_with_slash(base):
+        state.exempt = True
+    return bool(state.exempt)
 
 
 def _tables_due() -> bool:
@@ -122,9 +139,7 @@ def _left_alone(ctx: Context) -> Steps:
     if state.exempt:
         return True
     if state.path is None:
-        state.path = normalize_path(base.path_info)
-        if not base.path_info.endswith("/") and redirects_with_slash(base):
-            state.exempt = True
+        if _redirected(state, base):
             return True
         if not ctx.config["LIMIT_ADMIN"] and under_admin(base) and (
             yield Blocking(admin_lets_in, base)

@@ -113,7 +113,7 @@ def judge(
         rejected = decision.rejected_by
         overloaded = rejected and all(r.limit.spec.learned for r in rejected)
         return Verdict(UNAVAILABLE if overloaded else LIMITED, outcomes, (decision,))
-    if any(p.on_error == "deny" and not p.shadow for p in failed):
+    if failed and any(p.on_error == "deny" and not p.shadow for p in failed):
         return Verdict(UNAVAILABLE, outcomes, (decision,), own_retry_after=UNAVAILABLE_RETRY_AFTER)
     delay = decision.delay
     if delay > config["MAX_DELAY"]:
