@@ -6,7 +6,7 @@ the Python code (ints and floats) do identical arithmetic and reach identical de
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import itertools
 import os
@@ -78,8 +78,14 @@ def _digest(name: str, key: str) -> bytes:
     return hashlib.blake2b(raw, digest_size=12).digest()
 
 
+#: base64's "+/" as the URL-safe alphabet writes them ("-_"), for `_b64`.
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    """`raw` in URL-safe base64 without padding (binascii in place of the `base64`
+    module's two Python-level calls: this runs for each new client)."""
+    return binascii.b2a_base64(raw, newline=False).translate(_URL_SAFE).decode("ascii").rstrip("=")
 
 
 @lru_cache(maxsize=1_024)

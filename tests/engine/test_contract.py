@@ -94,6 +94,21 @@ def test_a_window_limit_names_its_shard_and_its_field():
     assert cell("rl:", Limit("10.0.0.1", "gcra", 5, 60, name="p"))[1] == ""
 
 
+@pytest.mark.parametrize(("limit", "stored", "own"), [
+    (Limit("203.0.113.7", "fixed_window", 5, 60, name="login"),
+     ("rl:{1Fbyb-ZBb2b}:fw", "PIepK6bekdA"), "rl:{Oys8h6krpt6R0Llh}:fw"),
+    (Limit("user:42", "gcra", 5, 60, name="api"),
+     ("rl:{MkFTe6Asasel60bp}:g", ""), "rl:{MkFTe6Asasel60bp}:g"),
+    (Limit("10.0.0.1", "sliding_window", 5, 60, name="dr:bench:1000-60s"),
+     ("rl:{WuX_EMA_129}:sw", "TXMoWVjP_pw"), "rl:{4SlNcyhZWM_-nNE2}:sw"),
+])
+def test_a_client_is_stored_under_the_names_earlier_releases_gave_it(limit, stored, own):
+    """Processes of two releases share the store during a deploy, and counts outlive a
+    restart: how a client is named in the store never changes."""
+    assert cell("rl:", limit) == stored
+    assert client_key("rl:", limit) == own
+
+
 def test_no_token_is_drawn_when_no_limit_names_members():
     _, args, token = encode([Limit("c", "gcra", 5, 60)], prefix="rl:", stats=False)
     assert token is None and args[:4] == ["", "", "", ""]
