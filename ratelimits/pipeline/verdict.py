@@ -100,10 +100,10 @@ def judge(
     Rejections and would-be rejections are reported; a policy that could not identify
     the client and says `on_error="deny"` turns an admission into a 503.
     """
-    outcomes = prior + tuple(
+    outcomes = prior + tuple([
         PolicyOutcome(p.policy, p.identity, result)
         for p, result in zip(planned, decision.results, strict=True)
-    )
+    ])
     state.outcomes.extend(outcomes)
     for outcome in outcomes:
         if outcome.result is not None and not outcome.result.allowed:
