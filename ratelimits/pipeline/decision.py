@@ -125,7 +125,7 @@ def _tables_due() -> bool:
 
 def _ended(state: RequestState, verdict: Verdict | None) -> Verdict | None:
     if verdict is not None and not verdict.allowed:
-        state.pending.clear()  # refused: nothing to charge or clear after its response
+        state.pending = ()  # refused: nothing to charge or clear after its response
     return verdict
 
 
@@ -212,7 +212,9 @@ def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict:
     state = ctx.state
     settle(state, place, verdict)
     if verdict.allowed:  # what its response may charge or clear (see `settling`)
-        state.pending += [p for p in planned if p.policy.settles]
+        settles = [p for p in planned if p.policy.settles]
+        if settles:
+            state.pending = [*state.pending, *settles]
     if decision is UNREACHED:
         return True
     state.version_seen = True

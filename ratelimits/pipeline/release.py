@@ -53,13 +53,13 @@ async def arelease(request: Any, state: RequestState | None = None,
             watchdog.release_later(engine, decision, exc)
 
 
-def _holds(request: Any, state: RequestState | None) -> list[tuple[Any, Decision]]:
+def _holds(request: Any, state: RequestState | None) -> Sequence[tuple[Any, Decision]]:
     """The (engine, decision) pairs whose slots this request holds, taken from it."""
     if state is None:
         state = getattr(http_request(request), STATE_ATTR, None)
         if state is None:
-            return []
-    holds, state.holds = state.holds, []
+            return ()
+    holds, state.holds = state.holds, ()
     for _engine, decision in holds:
         watchdog.drop(decision)
     return holds

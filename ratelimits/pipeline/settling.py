@@ -38,7 +38,7 @@ __all__ = ["asettle", "mark_signal", "settle"]
 def _taken(state: RequestState, response: Any) -> tuple[list[Planned], list[Planned]]:
     """The policies to charge (their limits set to settle) and those to reset for this
     response, taken from the request's state (so a second look finds nothing)."""
-    pending, state.pending = state.pending, []
+    pending, state.pending = state.pending, ()
     status = getattr(response, "status_code", None)
     charges: list[Planned] = []
     resets: list[Planned] = []

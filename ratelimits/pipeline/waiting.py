@@ -200,7 +200,7 @@ def settle(state: RequestState, place: Place | None, verdict: Verdict | None) ->
         return
     if verdict is not None and verdict.allowed and verdict.delay > 0:
         room.keep(place, verdict.decisions)
-        state.holds.append((room, place))
+        state.holds = [*state.holds, (room, place)]
     else:
         room.leave(place)
 

@@ -204,5 +204,5 @@ runtime.on_reset(watchdog.stop)
 
 def hold(state: RequestState, engine: Holder, decision: Decision) -> None:
     """A request holds concurrency slots: keep them until it releases them."""
-    state.holds.append((engine, decision))
+    state.holds = [*state.holds, (engine, decision)]
     watchdog.hold(engine, decision)
