@@ -20,11 +20,9 @@ from ratelimits.pipeline.outage import UNREACHED, unreached
 from ratelimits.pipeline.plan import Planned
 from ratelimits.pipeline.recording import Timed
 from ratelimits.pipeline.release import adaptive_taken
+from ratelimits.pipeline.resolver import PER_PROCESS
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict
 from ratelimits.pipeline.watchdog import hold
-
-#: A policy's `counting` when each process counts it alone, in its in-process engine.
-PER_PROCESS = "per_process"
 
 #: An in-process engine and the planned policies it decides.
 Layer = tuple[Any, list[Planned]]

@@ -74,6 +74,8 @@ WAIT_FOR_RELOAD = 0.25
 DB_CHECK_EVERY = 2.0
 #: At most this many clients' limits are kept per policy (see `CompiledPolicy.limit_for`).
 LIMITS_KEPT = 4_096
+#: A policy's `counting` when each process counts it alone, in its in-process engine.
+PER_PROCESS = "per_process"
 
 Fingerprint = tuple[tuple[int, Any], ...]
 
@@ -165,7 +167,7 @@ class CompiledPolicy:
     def __post_init__(self) -> None:
         template = self.template
         _set(self, "template_values", tuple(getattr(template, name) for name in _TEMPLATE_FIELDS))
-        _set(self, "in_process", self.counting == "per_process" or template.spec.learned)
+        _set(self, "in_process", self.counting == PER_PROCESS or template.spec.learned)
         _set(self, "may_wait", template.max_wait > 0 or template.spec.delays)
         _set(self, "settles", self.charge_on is not None or self.reset_on is not None)
 

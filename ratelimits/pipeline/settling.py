@@ -27,8 +27,8 @@ from asgiref.sync import sync_to_async
 from ratelimits import runtime
 from ratelimits.engine.types import SETTLE, Limit
 from ratelimits.pipeline.engines import get_engine, get_local_engine
-from ratelimits.pipeline.layers import PER_PROCESS
 from ratelimits.pipeline.plan import Planned
+from ratelimits.pipeline.resolver import PER_PROCESS
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request
 
 logger = logging.getLogger("ratelimits")

@@ -76,7 +76,7 @@ def ratelimit(
             if block:
                 refusal = Refusal(raising={ask.scope: refusal_exception})
             else:
-                refusal = Refusal(lenient=frozenset({ask.scope}))
+                refusal = Refusal(lenient=ask.scopes)
             return run_view(fn, request, args, kwargs, ask.scopes, refusal, state,
                             settle=functools.partial(settle, ask, state))
 
