@@ -109,6 +109,22 @@ def test_a_client_is_stored_under_the_names_earlier_releases_gave_it(limit, stor
     assert client_key("rl:", limit) == own
 
 
+def test_a_window_hash_is_stored_under_the_name_earlier_releases_gave_it(redis_client):
+    """The window number ends the hash's name as earlier releases wrote it, for a period's
+    window and for a calendar day's (its start in seconds): a deploy keeps every count."""
+    engine = RedisEngine(redis_client)
+    engine.evaluate([Limit("203.0.113.7", "fixed_window", 5, 60, name="login")], now=T0)
+    engine.evaluate([Limit("10.0.0.1", "sliding_window", 5, 60, name="api")], now=T0)
+    engine.evaluate([Limit("10.0.0.1", "fixed_window", 5, 86_400, name="daily",
+                           calendar="day", zone="Europe/Paris")], now=T0)
+    stored = {k.decode(): redis_client.hgetall(k) for k in redis_client.keys("rl:{*}:*:*")}
+    assert stored == {
+        "rl:{1Fbyb-ZBb2b}:fw:30000000": {b"PIepK6bekdA": b"1"},
+        "rl:{d86JQCVXd49}:sw:30000000": {b"v99yi0iU3r4": b"1"},
+        "rl:{n2ZiehQh050}:fw:1799967600": {b"LJ4aJSq9-RM": b"1"},
+    }
+
+
 def test_no_token_is_drawn_when_no_limit_names_members():
     _, args, token = encode([Limit("c", "gcra", 5, 60)], prefix="rl:", stats=False)
     assert token is None and args[:4] == ["", "", "", ""]

@@ -11,14 +11,16 @@
 local now = decision_now(ARGV)
 local token, version_key, stats = ARGV[2], ARGV[3], ARGV[4]
 local n = #KEYS
-local checks, admitted = check_all(KEYS, ARGV, now)
+local checks, admitted, figures = check_all(KEYS, ARGV, now)
 local version = 0
 if version_key ~= '' then version = tonumber(redis.call('GET', version_key)) or 0 end
-local out = {version, admitted, now}
+-- Room for one limit's answers from the start (a reply ends at its first nil), so the
+-- reply of the usual call never grows.
+local out = {version, admitted, now, nil, nil, nil, nil, nil, nil}
 for i = 1, n do
   local r = checks[i]
-  local field = charge(KEYS, ARGV, i, now, r, admitted, token)
-  local j = #out
+  local field = charge(KEYS, ARGV, i, now, r, admitted, token, figures[i])
+  local j = 6 * i - 3
   out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =
     r[1], r[2], r[3], r[4], r[5], field
 end

@@ -24,17 +24,24 @@ local function locked(key, now, r)
   return r
 end
 
--- Check every limit of the call, writing nothing: each check's answer, and 1 when every
--- enforced limit admits (a shadow limit never refuses, nor does one being settled),
--- else 0.
+-- A figure most limits leave at 0 (warm-up, wait): read without parsing it, as parsing a
+-- number is among the dearest steps of a call.
+local function figure(s)
+  if s == '0' then return 0 end
+  return tonumber(s)
+end
+
+-- Check every limit of the call, writing nothing: each check's answer, 1 when every
+-- enforced limit admits (a shadow limit never refuses, nor does one being settled), else
+-- 0, and each limit's figures {L, P, B, c}, parsed once for its charge.
 local function check_all(keys, argv, now)
-  local checks, admitted = {}, 1
+  local checks, figures, admitted = {}, {}, 1
   for i = 1, #keys do
     local o = HEAD + (i - 1) * PER_LIMIT
     local L, P, B = tonumber(argv[o + ARG_LIMIT]), tonumber(argv[o + ARG_PERIOD_US]),
       tonumber(argv[o + ARG_BURST])
-    local c, W, mw = tonumber(argv[o + ARG_COST]), tonumber(argv[o + ARG_WARMUP_US]),
-      tonumber(argv[o + ARG_WAIT_US])
+    local c, W, mw = tonumber(argv[o + ARG_COST]), figure(argv[o + ARG_WARMUP_US]),
+      figure(argv[o + ARG_WAIT_US])
     local cal, edge = nil, argv[o + ARG_CAL1]
     if edge ~= '0' then  -- a calendar window: the one holding the server's time
       edge = tonumber(edge)
@@ -48,28 +55,27 @@ local function check_all(keys, argv, now)
     local r = check(argv[o + ARG_ALGORITHM], keys[i], f, now, L, P, B, c, mw, cal)
     if W > 0 then r = warm_check(keys[i], now, L, P, B, c, W, mw, r) end
     if argv[o + ARG_LOCKOUT_US] ~= '0' then r = locked(keys[i] .. ':x' .. f, now, r) end
-    checks[i] = r
+    checks[i], figures[i] = r, {L, P, B, c}
     if r[1] == 0 and argv[o + ARG_SHADOW] == '0' and argv[o + ARG_STAGE] ~= STAGE_SETTLE then
       admitted = 0
     end
   end
-  return checks, admitted
+  return checks, admitted, figures
 end
 
--- Charge limit i (its check's answer r) when the call is admitted and the limit admits
+-- Charge limit i (its check's answer r, its figures fig) when the call is admitted and the limit admits
 -- (a limit being settled: whenever it admits); returns the counter's field for it, and
 -- whether it wrote: a (admitted, charged unless its stage is check), c (settled:
 -- charged after the response), o (admitted but not charged: another limit refused the
 -- call, or a limit being settled had no room), w (a shadow limit's would-be refusal) or
 -- r (refused: its lockout, if it has one, starts).
-local function charge(keys, argv, i, now, r, admitted, token)
+local function charge(keys, argv, i, now, r, admitted, token, fig)
   local o = HEAD + (i - 1) * PER_LIMIT
-  local c, stage = tonumber(argv[o + ARG_COST]), argv[o + ARG_STAGE]
+  local c, stage = fig[4], argv[o + ARG_STAGE]
   if r[1] == 1 and (admitted == 1 or stage == STAGE_SETTLE) then
     if stage == STAGE_CHECK then return 'a', false end
-    commit(argv[o + ARG_ALGORITHM], keys[i], argv[o + ARG_FIELD], now,
-      tonumber(argv[o + ARG_LIMIT]), tonumber(argv[o + ARG_PERIOD_US]),
-      tonumber(argv[o + ARG_BURST]), c, r, token)
+    commit(argv[o + ARG_ALGORITHM], keys[i], argv[o + ARG_FIELD], now, fig[1], fig[2], fig[3],
+      c, r, token)
     if r.wn then warm_commit(keys[i], r) end
     if stage == STAGE_SETTLE then return 'c', true end
     return 'a', true
@@ -81,7 +87,7 @@ local function charge(keys, argv, i, now, r, admitted, token)
   elseif argv[o + ARG_SHADOW] == '1' then
     return 'w', false
   end
-  local lockout = tonumber(argv[o + ARG_LOCKOUT_US])
+  local lockout = figure(argv[o + ARG_LOCKOUT_US])
   if lockout > 0 and not r.locked then
     redis.call('SET', keys[i] .. ':x' .. argv[o + ARG_FIELD], now + lockout, 'PX',
       ttl_ms(lockout))

@@ -11,7 +11,7 @@ else
   win = math.floor(now / P)
   reset = (win + 1) * P - now
 end
-local k = key .. ':' .. fmt(win)
+local k = window_key(key, win)
 local n = tonumber(redis.call('HGET', k, f)) or 0
 if n + c <= L then
   return {1, L - n - c, reset, 0, 0, k}

@@ -95,14 +95,14 @@ for i = 1, #KEYS do
   end
   local win = math.floor(now / P)
   local elapsed = now - win * P
-  local k = KEYS[i] .. ':' .. fmt(win)
+  local k = window_key(KEYS[i], win)
   local cur = tonumber(redis.call('HGET', k, f)) or 0
   local lf = f .. ':l'
   local record = record_of(k, lf)
   local epoch = record and record[4] or 0
   local period = math.floor(now / LEASE_US)
   if want == LEASE_RESET then
-    local prev = KEYS[i] .. ':' .. fmt(win - 1)
+    local prev = window_key(KEYS[i], win - 1)
     redis.call('HDEL', prev, f, lf)
     if record then
       local kept = math.min(cur, live(record, period))
@@ -139,7 +139,7 @@ for i = 1, #KEYS do
     end
     remaining = floor0(left - granted)
   else
-    local prev = tonumber(redis.call('HGET', KEYS[i] .. ':' .. fmt(win - 1), f)) or 0
+    local prev = tonumber(redis.call('HGET', window_key(KEYS[i], win - 1), f)) or 0
     local est = prev * (P - elapsed) / P + cur
     -- floor(L - est + TOKEN_EPS) >= c exactly when est + c <= L + TOKEN_EPS: the check
     -- of sliding_window.lua

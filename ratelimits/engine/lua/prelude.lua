@@ -22,6 +22,13 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- The hash of window number w under key: `<key>:<w>`, as keynames.windows names it. A
+-- window number is a whole number (of periods, or a calendar window's start in seconds),
+-- which %d writes as fmt would, for a fraction of its cost.
+local function window_key(key, w)
+  return string.format('%s:%d', key, w)
+end
+
 local function ttl_ms(us)
   local ms = math.ceil(us / 1000)
   if ms < 1 then ms = 1 end

@@ -4,9 +4,9 @@
 --[[check]]
 local win = math.floor(now / P)
 local elapsed = now - win * P
-local k = key .. ':' .. fmt(win)
+local k = window_key(key, win)
 local cur = tonumber(redis.call('HGET', k, f)) or 0
-local prev = tonumber(redis.call('HGET', key .. ':' .. fmt(win - 1), f)) or 0
+local prev = tonumber(redis.call('HGET', window_key(key, win - 1), f)) or 0
 local est = prev * (P - elapsed) / P + cur
 if est + c <= L + TOKEN_EPS then
   return {1, floor0(L - est - c), 2 * P - elapsed, 0, 0, k, elapsed}

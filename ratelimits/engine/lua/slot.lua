@@ -9,7 +9,7 @@
 local now = decision_now(ARGV)
 local token = ARGV[2]
 local n = #KEYS
-local checks, admitted = check_all(KEYS, ARGV, now)
+local checks, admitted, figures = check_all(KEYS, ARGV, now)
 local function text(x)
   if x == nil then return '' end
   if type(x) == 'number' then return fmt(x) end
@@ -18,7 +18,7 @@ end
 local out = {admitted, now}
 for i = 1, n do
   local r = checks[i]
-  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token)
+  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token, figures[i])
   local s1, s2 = '', ''
   if wrote then s1, s2 = text(r[6]), text(r[7]) end
   local j = #out
