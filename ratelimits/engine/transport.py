@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -147,11 +148,7 @@ class Wire:
                 return self.cold.pop(), False
             except IndexError:
                 return self.client.connection_pool.get_connection(), True
-        try:
-            stale = connection.can_read()  # data left over
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            stale = True  # closed by the server (a restart, its idle timeout)
-        if stale:
+        if _stale(connection):
             connection.disconnect()
             return connection, False
         return connection, True
@@ -166,6 +163,34 @@ class Wire:
         belong to the parent (the child's pool starts afresh too)."""
         self.warm.clear()
         self.cold.clear()
+
+
+def _stale(connection: Any) -> bool:
+    """Whether an idle connection must not carry a command: the server closed it (a
+    restart, its idle timeout), or data no call asked for waits on it.
+
+    One poll(2) of its socket, which reads as ready in both cases: redis-py's
+    `can_read()`, asked where there is no socket to poll, answers the same for several
+    times the cost (the socket's timeout changed twice, a read that fails, an exception).
+    No reply waits in the parser's buffer: a call that stopped half-way disconnects its
+    connection (see `Wire.perform`).
+    """
+    sock = getattr(connection, "_sock", None)
+    if sock is not None and _POLL is not None:
+        try:
+            poller = _POLL()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError, TypeError):
+            return True
+    try:
+        return bool(connection.can_read())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return True
+
+
+#: poll(2), where the platform has it (not on Windows)
+_POLL = getattr(select, "poll", None)
 
 
 #: The attribute of a connection pool that holds its wire (see `wire_of`).
