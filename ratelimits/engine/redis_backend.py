@@ -167,7 +167,12 @@ class RedisEngine(Acquiring):
         if beat is None or not beat.due():
             # The call loads the library (or the script, after NOSCRIPT) when the server
             # lacks it, so a restarted server or a FUNCTION FLUSH costs one round trip more.
-            return (yield from self.script.call(keys, args))
+            return self.script.call(keys, args)
+        return self._beating(beat, keys, args, now)
+
+    def _beating(self, beat: Heartbeat, keys: list[str], args: list[Any],
+                 now: float | None) -> Flow[Any]:
+        """The batch call and the beat that is due, in one round trip."""
         reply = yield from beating(beat, self.script.command(keys, args), now)
         if not isinstance(reply, Exception):
             return reply
