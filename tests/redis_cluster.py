@@ -17,12 +17,14 @@ nodes' TLS ports, while the plain ports stay open for the fixture's own checks.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import random
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +55,20 @@ def free_cluster_ports(count: int, start: int = 21000, stop: int = 30000) -> lis
     if len(ports) < count:
         raise RuntimeError(f"could not find {count} free port pairs between {start} and {stop}")
     return ports
+
+
+@contextlib.contextmanager
+def choosing_ports() -> Iterator[None]:
+    """Held from choosing a cluster's ports until its nodes listen on them. Test
+    processes started together (pytest-xdist's workers) scan the same range: without it,
+    two of them may both find a pair free and start nodes on it, and one cluster is then
+    made of the other's nodes, or fails to form."""
+    with open(Path(tempfile.gettempdir()) / "ratelimits-cluster-ports.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -114,12 +130,13 @@ class RedisCluster:
                 "(apt-get install redis-server redis-tools)"
             )
         count = self.primaries * (1 + self.replicas)
-        self.ports = free_cluster_ports(count)
         self.workdir = tempfile.mkdtemp(prefix="ratelimits-cluster-")
-        for port in self.ports:
-            self.start_node(port)
-        for port in self.ports:
-            self._wait_ping(port, timeout)
+        with choosing_ports():
+            self.ports = free_cluster_ports(count)
+            for port in self.ports:
+                self.start_node(port)
+            for port in self.ports:
+                self._wait_ping(port, timeout)
         tls = [] if self.tls is None else [
             "--tls", "--cacert", str(self.tls / "ca.crt"),
             "--cert", str(self.tls / "client.crt"), "--key", str(self.tls / "client.key")]
@@ -318,10 +335,11 @@ class RedisCluster:
         in parallel all scan from its bottom); when another process binds the port first,
         this node exits and the next pair is tried."""
         for _ in range(5):
-            port = free_cluster_ports(1, start=random.randrange(21000, 29000))[0]
-            self.start_node(port, name)
-            if self._answers(port, timeout):
-                return port
+            with choosing_ports():
+                port = free_cluster_ports(1, start=random.randrange(21000, 29000))[0]
+                self.start_node(port, name)
+                if self._answers(port, timeout):
+                    return port
             del self.procs[port], self.names[port]
         raise RuntimeError("could not start a cluster node: every port tried was taken")
 

@@ -63,12 +63,12 @@ local function check_all(keys, argv, now)
   return checks, admitted, figures
 end
 
--- Charge limit i (its check's answer r, its figures fig) when the call is admitted and the limit admits
--- (a limit being settled: whenever it admits); returns the counter's field for it, and
--- whether it wrote: a (admitted, charged unless its stage is check), c (settled:
--- charged after the response), o (admitted but not charged: another limit refused the
--- call, or a limit being settled had no room), w (a shadow limit's would-be refusal) or
--- r (refused: its lockout, if it has one, starts).
+-- Charge limit i (its check's answer r, its figures fig) when the call is admitted and
+-- the limit admits (a limit being settled: whenever it admits); returns the counter's
+-- field for it, and whether it wrote: a (admitted, charged unless its stage is check),
+-- c (settled: charged after the response), o (admitted but not charged: another limit
+-- refused the call, or a limit being settled had no room), w (a shadow limit's would-be
+-- refusal) or r (refused: its lockout, if it has one, starts).
 local function charge(keys, argv, i, now, r, admitted, token, fig)
   local o = HEAD + (i - 1) * PER_LIMIT
   local c, stage = fig[4], argv[o + ARG_STAGE]
