@@ -37,15 +37,14 @@ def newer_snapshot(
     `VERSION_EVERY` per process.
     """
     if version is not None:
-        process.version_at = runtime.clock().monotonic()
+        if current(version, snap):
+            return None  # the snapshot is current: nothing to read
     elif runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
         return None
     else:
         version = yield from _read_version(config)
-        if version is None:
+        if version is None or not resolver.outdates(version, snap):
             return None
-    if not resolver.outdates(version, snap):
-        return None  # the snapshot is current: nothing to read
     return (yield Blocking(resolver.observe, version, snap))
 
 
