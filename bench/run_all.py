@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import (
     adaptive,
     asgi,
+    calls,
     capacity,
     cluster,
     common,
@@ -45,6 +46,7 @@ SECTIONS = {
     "9": request_path.run,
     "10": asgi.run,
     "11": adaptive.run,
+    "12": calls.run,
 }
 
 
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [n.strip() for n in opts.only.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in SECTIONS]
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-11")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from 1-12")
 
     start = time.perf_counter()
     sections = []
