@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth.views import LoginView
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import include, path
+from django.views import View
 from rest_framework.authtoken.views import ObtainAuthToken, obtain_auth_token
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -26,6 +27,13 @@ def stream(request):
 
 async def async_hello(request):
     return HttpResponse("hello async")
+
+
+class Page(View):
+    """A class-based view with a GET handler: Django's View answers OPTIONS itself."""
+
+    def get(self, request):
+        return HttpResponse("page")
 
 
 class Items(APIView):
@@ -63,6 +71,7 @@ urlpatterns = [
     path("boom/", boom),
     path("stream/", stream),
     path("async/", async_hello),
+    path("page/", Page.as_view()),
     path("api/items/", Items.as_view()),
     path("api/plain/", Plain.as_view()),
     path("api/private/", Private.as_view()),

@@ -17,8 +17,9 @@ from ratelimits.pipeline.verdict import PolicyOutcome, Verdict, judge
 @dataclass(frozen=True, slots=True)
 class Context:
     """A request being decided at one glue layer: the request and its state, its method,
-    the DRF scopes in play, the glue class that asks (the signals' sender) and the
-    settings."""
+    the DRF scopes in play, the glue class that asks (the signals' sender), the settings,
+    and whether its view answers its method as it answers GET (`as_get`: policies on GET
+    count it too)."""
 
     request: Any
     state: RequestState
@@ -26,6 +27,7 @@ class Context:
     scopes: frozenset[str]
     sender: type
     config: Mapping[str, Any]
+    as_get: bool = False
 
     @property
     def base(self) -> Any:

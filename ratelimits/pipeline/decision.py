@@ -26,7 +26,9 @@ from ratelimits.pipeline.outage import UNREACHED
 from ratelimits.pipeline.plan import plan
 from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
 from ratelimits.pipeline.routing import (
+    VIEW_NAMED_METHODS,
     admin_lets_in,
+    answered_as_get,
     is_exempt,
     redirects_with_slash,
     under_admin,
@@ -90,8 +92,10 @@ def _context(
         return None
     if state is None:
         state = state_for(request)
-    method = (http_request(request).method or "GET").upper()
-    return Context(request, state, method, scopes, sender, config)
+    base = http_request(request)
+    method = (base.method or "GET").upper()
+    as_get = method not in VIEW_NAMED_METHODS and answered_as_get(base)
+    return Context(request, state, method, scopes, sender, config, as_get)
 
 
 def _seen(ctx: Context) -> bool | None:
@@ -164,7 +168,8 @@ def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps
     """The verdict on the policies of `snap` this request matches and has not met yet;
     `second_pass`: on a newer snapshot, after the first one's decision."""
     state = ctx.state
-    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged)
+    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged,
+                             ctx.as_get)
     if not policies:
         return (yield from _none_match(ctx, snap, second_pass))
     planned, failed = yield from _plan(ctx, snap, policies)
@@ -183,7 +188,8 @@ def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps
 def _decide_now(ctx: Context, snap: Snapshot) -> Verdict | None:
     """`_decide` in place (see `decide_now`); a blocking caller's `_plan` is `plan`."""
     state = ctx.state
-    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged)
+    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged,
+                             ctx.as_get)
     if not policies:
         verdict: Verdict | None = run(_none_match(ctx, snap, False))
         return verdict

@@ -180,10 +180,16 @@ class CompiledPolicy:
         """The kind of key for logs: "ip", "user", "header" ... never the client's value."""
         return self.key.split(":", 1)[0]
 
-    def applies_to(self, path: str, method: str, scopes: frozenset[str]) -> bool:
+    def applies_to(
+        self, path: str, method: str, scopes: frozenset[str], as_get: bool = False
+    ) -> bool:
+        """Whether the policy looks at a request; `as_get`: its view answers `method`
+        with the body it answers GET with (see `routing.answered_as_get`), so a policy
+        on GET counts it too."""
+        methods = self.methods
         return (
             self.scope in scopes
-            and (not self.methods or method in self.methods)
+            and (not methods or method in methods or (as_get and "GET" in methods))
             and self.pattern.matches(path)
         )
 
@@ -249,17 +255,19 @@ class Snapshot:
         object.__setattr__(self, "by_scope", {s: tuple(ps) for s, ps in by_scope.items()})
 
     def matching(
-        self, path: str, method: str, scopes: frozenset[str], exclude: frozenset[int] | set[int]
+        self, path: str, method: str, scopes: frozenset[str], exclude: frozenset[int] | set[int],
+        as_get: bool = False,
     ) -> list[CompiledPolicy]:
-        """The policies of `scopes` that apply to `path` and `method`, most important
-        first, but those in `exclude` (ids)."""
+        """The policies of `scopes` that apply to `path` and `method` (and to GET too when
+        `as_get`), most important first, but those in `exclude` (ids)."""
         if len(scopes) == 1:  # a request's usual case: one scope's policies, not all
             (scope,) = scopes
             candidates = self.by_scope.get(scope, ())
         else:
             candidates = self.policies
         return [
-            p for p in candidates if p.id not in exclude and p.applies_to(path, method, scopes)
+            p for p in candidates
+            if p.id not in exclude and p.applies_to(path, method, scopes, as_get)
         ]
 
 

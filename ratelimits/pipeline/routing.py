@@ -50,6 +50,22 @@ def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
     return any(getattr(t, "decides_policies", False) for t in throttles)
 
 
+#: The methods a view names when it does for them other work than for GET. A view function
+#: runs its body whatever the method, and answers any other one (OPTIONS, TRACE, a method
+#: of the client's own) as it answers GET: `if request.method == "POST": ... else: ...`.
+VIEW_NAMED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+
+
+def answered_as_get(base: Any) -> bool:
+    """Whether a request whose method is not in `VIEW_NAMED_METHODS` goes to a view
+    function, which runs the body it answers GET with: then a policy on GET counts it.
+    A class-based view's `dispatch` answers such a method without its `get` (Django's
+    `View` answers OPTIONS itself and refuses the others with a 405), and a path that
+    resolves to no view runs none: nothing of GET's to count."""
+    view = _view_of(base)
+    return view is not None and getattr(view, "view_class", None) is None
+
+
 #: (URL resolver, path) -> the view the path resolves to (None: none), so a path is
 #: resolved once rather than on each request (Django resolves it again for the view).
 #: A resolver is built anew when the URLconf changes (`clear_url_caches`, another
@@ -75,7 +91,7 @@ def _view_of(base: Any) -> Any:
     except Resolver404:
         view = None
     except Exception:  # a broken URLconf is Django's to report, not ours to crash on
-        logger.exception("ratelimits: could not resolve %s to find its DRF view",
+        logger.exception("ratelimits: could not resolve %s to find its view",
                          log_safe(path))
         return None
     if len(_views) >= VIEWS_KEPT:

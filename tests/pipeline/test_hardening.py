@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
+from django.test import Client
 from rest_framework.request import Request
 
 from ratelimits.throttling import PolicyThrottle
@@ -35,6 +38,94 @@ def test_head_counts_as_a_unit_of_the_get_policy(client, make_policy):
 def test_a_post_policy_does_not_match_head(client, make_policy):
     make_policy(name="post-only", limit=1, methods="POST", path="/hello/")
     assert statuses(client, "head", "/hello/", 3) == [200, 200, 200]
+
+
+# -- a view function answers every method with its body ------------------------------------
+
+
+def answers(client, method, path, n):
+    return [client.generic(method, path).status_code for _ in range(n)]
+
+
+def test_options_on_a_view_function_is_counted_by_the_get_policy(client, make_policy,
+                                                                  any_store):
+    make_policy(name="get-only", limit=2, methods="GET", path="/hello/")
+    assert answers(client, "OPTIONS", "/hello/", 8) == [200, 200] + [429] * 6
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "TRACE", "PROPFIND", "X-WEIRD"])
+def test_a_method_a_view_function_does_not_name_spends_the_get_quota(client, make_policy,
+                                                                     method):
+    make_policy(name="get-only", limit=2, methods="GET", path="/hello/")
+    assert answers(client, "GET", "/hello/", 1) == [200]
+    assert answers(client, method, "/hello/", 2) == [200, 429]
+    assert answers(client, "GET", "/hello/", 1) == [429]
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
+def test_the_writes_a_view_names_stay_outside_a_get_policy(client, make_policy, method):
+    make_policy(name="get-only", limit=1, methods="GET", path="/hello/")
+    assert answers(client, method, "/hello/", 3) == [200, 200, 200]
+    assert answers(client, "GET", "/hello/", 2) == [200, 429]
+
+
+def test_an_options_policy_still_counts_options_alone(client, make_policy):
+    make_policy(name="options-only", limit=1, methods="OPTIONS", path="/hello/")
+    assert answers(client, "GET", "/hello/", 2) == [200, 200]
+    assert answers(client, "OPTIONS", "/hello/", 2) == [200, 429]
+
+
+def test_options_on_a_view_function_is_counted_under_asgi(make_policy):
+    from django.test import AsyncClient
+
+    make_policy(name="get-only", limit=1, methods="GET", path="/async/")
+
+    async def scenario():
+        client = AsyncClient()
+        return [(await client.options("/async/")).status_code for _ in range(3)]
+
+    assert async_to_sync(scenario)() == [200, 429, 429]
+
+
+def test_a_class_based_view_answers_options_without_spending_the_get_quota(client,
+                                                                            make_policy):
+    # Django's View answers OPTIONS (and refuses methods it has no handler for) without
+    # running `get`: nothing of the GET policy's to count
+    make_policy(name="get-only", limit=1, methods="GET", path="/page/")
+    assert answers(client, "OPTIONS", "/page/", 3) == [200, 200, 200]
+    assert answers(client, "PROPFIND", "/page/", 2) == [405, 405]
+    assert answers(client, "GET", "/page/", 2) == [200, 429]
+
+
+def test_a_class_based_views_options_is_counted_by_an_options_policy(client, make_policy):
+    make_policy(name="options-only", limit=1, methods="OPTIONS", path="/page/")
+    assert answers(client, "OPTIONS", "/page/", 2) == [200, 429]
+
+
+def test_a_declared_get_limit_counts_options_on_its_view_function(settings):
+    from django.http import HttpResponse
+    from django.urls import path
+
+    from ratelimits.decorators import ratelimit
+    from ratelimits.pipeline.declared import registry
+
+    before = dict(registry.declared)
+
+    @ratelimit(name="reads", rate="2/m", methods="GET")
+    def report(request):
+        return HttpResponse("report")
+
+    urls = types.ModuleType("options_urls")
+    urls.urlpatterns = [path("report/", report)]
+    settings.ROOT_URLCONF = urls
+    registry.forget_written()
+    try:
+        client = Client()
+        assert answers(client, "OPTIONS", "/report/", 3) == [200, 200, 429]
+        assert answers(client, "POST", "/report/", 1) == [200]
+    finally:
+        registry.restore(before)
+        registry.forget_written()
 
 
 # -- log injection -------------------------------------------------------------------------
