@@ -34,7 +34,7 @@ from ratelimits.pipeline.routing import (
     under_admin,
 )
 from ratelimits.pipeline.state import RequestState, http_request, process, state_for
-from ratelimits.pipeline.verdict import Verdict
+from ratelimits.pipeline.verdict import Verdict, denies, unidentified
 from ratelimits.pipeline.version import current, newer_snapshot
 from ratelimits.pipeline.waiting import seat, settle, vacate
 
@@ -173,6 +173,8 @@ def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps
     if not policies:
         return (yield from _none_match(ctx, snap, second_pass))
     planned, failed = yield from _plan(ctx, snap, policies)
+    if failed and denies(failed):
+        return _unidentified(state, policies, planned)
     planned, place = seat(ctx, planned)  # a place to wait in, taken before any turn is
     state.charged.update(p.id for p in policies)
     try:
@@ -194,6 +196,8 @@ def _decide_now(ctx: Context, snap: Snapshot) -> Verdict | None:
         verdict: Verdict | None = run(_none_match(ctx, snap, False))
         return verdict
     planned, failed = plan(ctx.request, policies, ctx.config, state, snap.members)
+    if failed and denies(failed):
+        return _unidentified(state, policies, planned)
     planned, place = seat(ctx, planned)
     state.charged.update(p.id for p in policies)
     try:
@@ -208,6 +212,14 @@ def _decide_now(ctx: Context, snap: Snapshot) -> Verdict | None:
         return verdict
     newer: Verdict = run(_newer(ctx, snap, verdict, decision, False))
     return newer
+
+
+def _unidentified(state: RequestState, policies: Sequence[Any], planned: list[Any]) -> Verdict:
+    """A policy that could not identify the client refuses the request (`verdict.denies`):
+    a 503 before any engine is asked, so a request refused anyway charges no policy, and
+    takes no place or slot (see `verdict.unidentified`)."""
+    state.charged.update(p.id for p in policies)
+    return unidentified(planned)
 
 
 def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict: Verdict,

@@ -85,6 +85,22 @@ class Verdict:
         )
 
 
+def denies(failed: Sequence[Any]) -> bool:
+    """Whether a policy that could not identify the client (`failed`: the compiled
+    policies whose key raised) refuses the request: an enforced one whose `on_error` is
+    `deny`."""
+    return any(p.on_error == "deny" and not p.shadow for p in failed)
+
+
+def unidentified(planned: Sequence[Any]) -> Verdict:
+    """The 503 of a request a policy refuses because it could not identify the client
+    (see `denies`), decided before any engine is asked: the other policies (`planned`)
+    charge nothing for a request refused anyway, and lend it none of their figures (the
+    headers are the refusing policy's, and it has no count of a client it cannot name)."""
+    return Verdict(UNAVAILABLE, tuple([PolicyOutcome(p.policy, p.identity) for p in planned]),
+                   own_retry_after=UNAVAILABLE_RETRY_AFTER)
+
+
 def judge(
     request: Any,
     state: Any,
@@ -113,7 +129,7 @@ def judge(
         rejected = decision.rejected_by
         overloaded = rejected and all(r.limit.spec.learned for r in rejected)
         return Verdict(UNAVAILABLE if overloaded else LIMITED, outcomes, (decision,))
-    if failed and any(p.on_error == "deny" and not p.shadow for p in failed):
+    if failed and denies(failed):  # the flow refuses before asking (`unidentified`)
         return Verdict(UNAVAILABLE, outcomes, (decision,), own_retry_after=UNAVAILABLE_RETRY_AFTER)
     delay = decision.delay
     if delay > config["MAX_DELAY"]:

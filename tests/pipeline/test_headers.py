@@ -129,3 +129,35 @@ def test_each_algorithms_policy_header_and_its_live_state(
 def _ratelimit(value: str) -> tuple[int, int]:
     params = dict(part.split("=") for part in value.split(";")[1:])
     return int(params["r"]), int(params["t"])
+
+
+# -- a refusal speaks for the policy that refused ----------------------------------------
+
+RATE_HEADERS = ("RateLimit", "RateLimit-Policy", "X-RateLimit-Limit", "X-RateLimit-Remaining",
+                "X-RateLimit-Reset")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("style", ["ietf", "both"])
+def test_a_failing_keys_503_carries_no_other_policys_headers(client, make_policy, settings,
+                                                             any_store, style):
+    settings.RATELIMITS = {**settings.RATELIMITS, "HEADERS": style}
+    make_policy(name="per-ip", limit=3, period=60, path="/hello/")
+    make_policy(name="per-tenant", limit=100, period=60, path="/hello/",
+                key="call:tests.support.hooks.tenant_key", on_error="deny")
+    refused = [client.get("/hello/") for _ in range(3)]
+    assert [r.status_code for r in refused] == [503, 503, 503]
+    for response in refused:
+        assert response["Retry-After"] == "1"
+        assert not set(RATE_HEADERS) & set(response.headers), dict(response.headers)
+
+
+@pytest.mark.django_db
+def test_a_failing_keys_503_charges_none_of_the_other_policies(client, make_policy):
+    make_policy(name="per-ip", limit=3, period=60, path="/hello/")
+    make_policy(name="per-tenant", limit=100, period=60, path="/hello/",
+                key="call:tests.support.hooks.tenant_key", on_error="deny")
+    assert [client.get("/hello/").status_code for _ in range(5)] == [503] * 5
+    admitted = client.get("/hello/", headers={"X-Tenant": "acme"})
+    assert admitted.status_code == 200
+    assert admitted["RateLimit"].startswith('"per-ip";r=2;')  # its first unit, not its sixth

@@ -17,3 +17,7 @@ def broken(request, rejection):
 
 def failing_key(request):
     raise ValueError("cannot identify")
+
+
+def tenant_key(request):
+    return request.headers["X-Tenant"]  # KeyError without the header: the key fails
