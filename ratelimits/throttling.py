@@ -55,17 +55,15 @@ class PolicyThrottle(BaseThrottle):
             release_when_finished(request)
         if state.pending and not state.middleware:
             _settle_when_finalized(view, state)
+        if verdict.allowed and verdict.delay > 0:
+            verdict = evaluation.wait_turn(verdict)
+        if verdict.allowed:
+            return True
+        state.refuse(verdict)  # DRF answers it: the headers are the refusing policies'
         if verdict.status == UNAVAILABLE:
             raise RateLimitStoreUnavailable(verdict.retry_after)
-        if not verdict.allowed:
-            self._wait = verdict.retry_after
-            return False
-        if verdict.delay > 0:
-            verdict = evaluation.wait_turn(verdict)
-            if not verdict.allowed:
-                self._wait = verdict.retry_after
-                return False
-        return True
+        self._wait = verdict.retry_after
+        return False
 
     def wait(self) -> int | None:
         """Seconds until the refused request could pass (DRF's Retry-After), at least 1."""

@@ -12,7 +12,7 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import get_config
 from ratelimits.pipeline import headers
-from ratelimits.pipeline.state import RequestState, http_request
+from ratelimits.pipeline.state import RequestState, http_request, state_for
 from ratelimits.pipeline.verdict import LIMITED, Verdict
 
 logger = logging.getLogger("ratelimits")
@@ -56,6 +56,7 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
         verdict=verdict,
     )
     base = http_request(request)
+    state_for(base).refuse(verdict)
     view_path = get_config()["REJECT_VIEW"]
     response = None
     if view_path:
@@ -70,8 +71,10 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
 
 
 def decorate(state: RequestState, response: Any) -> Any:
-    """Add the rate-limit headers of every decision taken for this request; a view that
-    returns something else than a response (a decorated helper) gets none."""
+    """Add the rate-limit headers of every decision taken for this request, or of the
+    policies that refused it (`RequestState.refused_by`); a view that returns something
+    else than a response (a decorated helper) gets none."""
     if state.outcomes and isinstance(response, HttpResponseBase):
-        headers.apply(response, state.outcomes, get_config()["HEADERS"])
+        outcomes = state.outcomes if state.refused_by is None else state.refused_by
+        headers.apply(response, outcomes, get_config()["HEADERS"])
     return response

@@ -57,6 +57,15 @@ class RequestState:
     #: The time to decide this request at, when its glue fixes one (a DRF throttle whose
     #: `timer` a test replaced); None: `runtime.decision_time()`.
     now: float | None = None
+    #: The outcomes of the policies that refused the request, once a glue layer answers
+    #: it with a refusal (None: it has not): the response's headers are theirs alone, so
+    #: a 503 that no policy's count refused (the store out of reach, a client a policy
+    #: could not identify) lends it no admitting policy's figures.
+    refused_by: tuple[Any, ...] | None = None
+
+    def refuse(self, verdict: Any) -> None:
+        """The request is answered with `verdict`'s refusal (see `refused_by`)."""
+        self.refused_by = tuple(verdict.rejected_by)
 
 
 def http_request(request: Any) -> Any:

@@ -161,3 +161,28 @@ def test_a_failing_keys_503_charges_none_of_the_other_policies(client, make_poli
     admitted = client.get("/hello/", headers={"X-Tenant": "acme"})
     assert admitted.status_code == 200
     assert admitted["RateLimit"].startswith('"per-ip";r=2;')  # its first unit, not its sixth
+
+
+@pytest.mark.django_db
+def test_an_outage_503_carries_no_headers_of_a_policy_decided_in_process(client, make_policy,
+                                                                         settings):
+    make_policy(name="per-node", limit=50, period=60, path="/hello/", counting="per_process")
+    make_policy(name="payments", limit=100, period=60, path="/hello/", on_error="deny")
+    admitted = client.get("/hello/")  # the snapshot is loaded while the store answers
+    assert admitted["RateLimit"].startswith('"per-node";r=49;')
+    settings.RATELIMITS = {**settings.RATELIMITS, "REDIS_URL": "redis://127.0.0.1:9/0"}
+    refused = client.get("/hello/")
+    assert refused.status_code == 503 and refused["Retry-After"] == "1"
+    assert not set(RATE_HEADERS) & set(refused.headers), dict(refused.headers)
+
+
+@pytest.mark.django_db
+def test_a_throttles_outage_503_carries_no_headers_of_a_policy_decided_in_process(
+        client, make_policy, settings):
+    make_policy(name="per-node", limit=50, period=60, path="/api/**", counting="per_process")
+    make_policy(name="items", limit=100, period=60, scope="items", on_error="deny")
+    assert client.get("/api/items/").status_code == 200
+    settings.RATELIMITS = {**settings.RATELIMITS, "REDIS_URL": "redis://127.0.0.1:9/0"}
+    refused = client.get("/api/items/")
+    assert refused.status_code == 503
+    assert not set(RATE_HEADERS) & set(refused.headers), dict(refused.headers)
