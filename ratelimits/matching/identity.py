@@ -12,6 +12,7 @@ import functools
 import hashlib
 import importlib
 import ipaddress
+import json
 import logging
 import re
 import threading
@@ -261,17 +262,49 @@ def user_pk(request: Any) -> str | None:
 
 
 def form_field(http: Any, name: str) -> Any:
-    """A field of the request's form body (`request.POST`); None without one. A body
-    Django refuses to parse (too many fields, read already as a stream) identifies no one
+    """A field of the request's body (`request.POST`, or a JSON object's member when the
+    body is JSON); None without one. A body Django refuses to read (too many fields,
+    larger than DATA_UPLOAD_MAX_MEMORY_SIZE, read already as a stream) identifies no one
     and is logged as such: the policy is not decided for this request."""
     if getattr(http, "method", None) != "POST":
         return None
     try:
+        if _is_json(http):
+            return _json_member(http.body, name)
         form = http.POST
         return form.get(name)
     except Exception as exc:
-        raise IdentityError(f"the form body could not be read: {type(exc).__name__}: {exc}"
+        raise IdentityError(f"the request body could not be read: {type(exc).__name__}: {exc}"
                             ) from exc
+
+
+def _is_json(http: Any) -> bool:
+    """Whether the body is JSON by its content type (`application/json`, `…+json`), as
+    a JSON parser (DRF's) takes it; Django leaves such a body out of `request.POST`."""
+    meta = getattr(http, "META", None)
+    value = meta.get("CONTENT_TYPE") if isinstance(meta, Mapping) else None
+    if not isinstance(value, str):
+        return False
+    media = value.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                           and media.endswith("+json"))
+
+
+def _json_member(body: bytes, name: str) -> str | None:
+    """The member `name` of a JSON body's top-level object, when it is text or a number
+    (a serializer's CharField takes both); None for anything else or a malformed body.
+
+    `request.body` is bounded by Django (DATA_UPLOAD_MAX_MEMORY_SIZE) and kept: the view
+    reads the same bytes again (DRF parses them from there once they have been read).
+    """
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):  # malformed, not UTF-8/16/32, or nested too deep
+        return None
+    value = document.get(name) if isinstance(document, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    return value if isinstance(value, str) else str(value)
 
 
 #: The key functions given in code (`@ratelimit(key=function)`, the compat layers), by

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -38,6 +39,7 @@ __all__ = [
     "Logged",
     "Proxies",
     "identity_from_text",
+    "normalized",
     "parse_key",
 ]
 
@@ -111,6 +113,9 @@ class KeyKind:
     counts_as: tuple[str, ...] = ()
     #: How an operator's text becomes one of its identities; None: `<name>:<text>`.
     typed: Typed | None = None
+    #: Its values are compared as Django's login compares a username: NFKC-normalized
+    #: (`normalized()`), case kept.
+    normalizes: bool = False
 
     @property
     def takes_argument(self) -> bool:
@@ -129,7 +134,7 @@ class KeyKind:
         """The identity an operator means by `value` under this kind (`identity_from_text`)."""
         if self.typed is not None:
             return self.typed(value, ipv6_prefix)
-        return _typed_value(self.name, value)
+        return _typed_value(self.name, value, self.normalizes)
 
 
 class KeyKinds:
@@ -205,6 +210,31 @@ def _text(value: Any) -> str | None:
     return text or None
 
 
+#: Longer values are not normalized: Django's `UsernameField` leaves a value past the
+#: field's max_length as it is (the form refuses it), and NFKC's cost grows with the text.
+_MAX_NORMALIZED = 1024
+
+
+def normalized(text: str) -> str | None:
+    """`text` as Django's login finds the account: `AuthenticationForm`'s username field
+    strips it and NFKC-normalizes it (a name typed in fullwidth or mathematical letters is
+    the plain one), as `create_user()` stores it; then stripped again (NFKC can make a
+    space). Case is kept, as Django's default user model compares it. None when nothing
+    is left; ASCII text is returned unchanged."""
+    if text.isascii() or len(text) > _MAX_NORMALIZED:
+        return text
+    return unicodedata.normalize("NFKC", text).strip() or None
+
+
+def _wire_text(value: Any) -> Any:
+    """A header's value as the client wrote it: Django keeps its bytes as latin-1 text
+    (PEP 3333, and the ASGI handler likewise); UTF-8 bytes are read as UTF-8."""
+    if isinstance(value, str) and not value.isascii():
+        with contextlib.suppress(UnicodeError):  # not latin-1 text, or not UTF-8 bytes
+            return value.encode("latin-1").decode("utf-8")
+    return value
+
+
 def _read_ip(request: Any, arg: str, proxies: Proxies) -> str | None:
     return client_ip(_meta(request), proxies.trusted, proxies.ipv6_prefix, proxies.header)
 
@@ -226,7 +256,7 @@ def _read_global(request: Any, arg: str, proxies: Proxies) -> str | None:
 
 
 def _read_header(request: Any, arg: str, proxies: Proxies) -> str | None:
-    return _text(_meta(request).get(meta_name(arg.lower())))
+    return _text(_wire_text(_meta(request).get(meta_name(arg.lower()))))
 
 
 def _read_query(request: Any, arg: str, proxies: Proxies) -> str | None:
@@ -308,21 +338,23 @@ def _dotted_path(arg: str) -> str | None:
 
 def _query_from_log(line: Logged, name: str) -> str | None:
     """What `request.GET.get(name)` gives (the last value), as a `query:` identity."""
-    value = query_value(line.query or "", name)
-    value = value.strip() if value else None
+    value = _text(query_value(line.query or "", name))
+    value = normalized(value) if value else None
     return bounded("query", value) if value else None
 
 
 # -- what an operator types ------------------------------------------------------------
 
 
-def _typed_value(kind: str, value: str) -> str:
+def _typed_value(kind: str, value: str, normalizes: bool = False) -> str:
     text = value.strip()
     prefix, sep, rest = text.partition(":")
     if sep and prefix == kind:
         if rest.startswith("h:"):
             return text  # already a hashed identity, as the admin and logs show it
         text = rest
+    if normalizes and text:
+        text = normalized(text.strip()) or ""  # as a request's value is
     if not text:
         raise ValueError("the client is empty")
     return bounded(kind, text)
@@ -372,12 +404,13 @@ KEY_KINDS = KeyKinds([
             from_log=lambda line, arg: "global", example="tier:<name>", typed=_typed_global),
     KeyKind("header", _read_header, "header:<Name>", _header_name,
             "header: needs a header name, e.g. header:X-Api-Key", client_sent=True,
-            not_in_log="an access log does not record request headers"),
+            not_in_log="an access log does not record request headers", normalizes=True),
     KeyKind("query", _read_query, "query:<name>", _query_name,
             "query: needs a query parameter name, e.g. query:api_key", client_sent=True,
-            from_log=_query_from_log, log_query=True, aliases=("get",)),
+            from_log=_query_from_log, log_query=True, aliases=("get",), normalizes=True),
     KeyKind("post", _read_post, "post:<field>", _query_name,
-            "post: needs a form field name, e.g. post:username", client_sent=True),
+            "post: needs a form field name, e.g. post:username", client_sent=True,
+            normalizes=True),
     KeyKind("call", _read_call, "call:<dotted.path>", _dotted_path,
             "call: needs a dotted path to a function, e.g. call:myapp.keys.tenant",
             calls_code=True, not_in_log="a key function needs the live request"),
@@ -438,6 +471,10 @@ class KeySpec:
                                 f"{type(exc).__name__}: {exc}") from exc
         if value is None or not entry.hashed:
             return value
+        if entry.normalizes:
+            value = normalized(value)
+            if value is None:
+                return None
         return bounded(entry.name, value)
 
 
