@@ -13,6 +13,10 @@ ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator 
 ratelimits.W005  an enforced policy makes requests wait for their turn: a worker that
                  serves one request at a time refuses them instead (a database check)
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
+ratelimits.W010  DRF's NUM_PROXIES is set, which the compat throttles do not read (they
+                 read the client as the ip key does), and no TRUSTED_PROXIES are
+ratelimits.W011  the compat throttles read the client as DRF does (DRF_CLIENT_IP) with
+                 NUM_PROXIES unset: X-Forwarded-For is taken from any client
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
 and how to fix it.
@@ -20,6 +24,7 @@ and how to fix it.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -278,3 +283,47 @@ def check_waiting_on_sync_workers(
         for policy in policies
         if makes_requests_wait(policy)
     ]
+
+
+COMPAT_DRF = "ratelimits.compat.drf"
+
+
+def _compat_drf_in_use(rest: Any) -> bool:
+    """Whether a throttle of `ratelimits.compat.drf` may run: named in the settings, or
+    imported (the URLconf, which the checks load, imports the views that list one)."""
+    named = list(rest.get("DEFAULT_THROTTLE_CLASSES", ()) or ())
+    return COMPAT_DRF in sys.modules or any(
+        isinstance(c, str) and c.startswith(COMPAT_DRF + ".") for c in named)
+
+
+@checks.register()
+def check_drf_client_ip(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Where the compat throttles and DRF's `NUM_PROXIES` would count clients apart."""
+    rest = getattr(settings, "REST_FRAMEWORK", None) or {}
+    if not isinstance(rest, dict) or not _compat_drf_in_use(rest):
+        return []
+    num_proxies = rest.get("NUM_PROXIES")
+    if setting_or_default("DRF_CLIENT_IP") == "num_proxies":
+        if num_proxies is not None:
+            return []
+        return [checks.Warning(
+            "RATELIMITS['DRF_CLIENT_IP'] is 'num_proxies' and REST_FRAMEWORK['NUM_PROXIES'] "
+            "is not set: as DRF does then, ratelimits.compat.drf's throttles take the "
+            "client from X-Forwarded-For whoever sends it, so a client that writes another "
+            "address in it on every request is never throttled.",
+            hint="Set REST_FRAMEWORK['NUM_PROXIES'] to the number of proxies in front of "
+            "the app, or remove DRF_CLIENT_IP and set RATELIMITS['TRUSTED_PROXIES'] to "
+            "their addresses (the default reads the client as the ip key does).",
+            id="ratelimits.W011")]
+    if num_proxies is None or setting_or_default("TRUSTED_PROXIES"):
+        return []
+    return [checks.Warning(
+        f"REST_FRAMEWORK['NUM_PROXIES'] is {num_proxies!r}, which ratelimits.compat.drf's "
+        "throttles do not read: they count an anonymous client by the address the ip key "
+        "reads, from a forwarding header only when the peer is one of "
+        "RATELIMITS['TRUSTED_PROXIES'], and none is set, so every client behind your "
+        "proxies is counted as one.",
+        hint="Set RATELIMITS['TRUSTED_PROXIES'] to your proxies' addresses (and "
+        "PROXY_HEADER to the header they set); or set RATELIMITS['DRF_CLIENT_IP'] = "
+        "'num_proxies' to count clients as DRF's get_ident() does.",
+        id="ratelimits.W010")]

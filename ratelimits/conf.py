@@ -85,6 +85,21 @@ def _proxy_header(value: Any) -> str:
     return value.strip().lower()
 
 
+#: How `ratelimits.compat.drf` reads the client address: as the `ip` key does, or as
+#: DRF's own `get_ident()` does (its NUM_PROXIES).
+DRF_CLIENT_IP_CHOICES = ("trusted_proxies", "num_proxies")
+
+
+def _drf_client_ip(value: Any) -> str:
+    if value not in DRF_CLIENT_IP_CHOICES:
+        raise ValueError(
+            "must be 'trusted_proxies' (the client as TRUSTED_PROXIES and PROXY_HEADER "
+            "say, as the ip key reads it) or 'num_proxies' (DRF's get_ident() and its "
+            f"NUM_PROXIES); got {value!r}"
+        )
+    return str(value)
+
+
 def _timeout(value: Any) -> float:
     seconds = _seconds(value)
     if not 0 < seconds <= 60:
@@ -122,6 +137,10 @@ SETTINGS: dict[str, Setting] = {
     "IPV6_PREFIX": Setting(64, _ipv6_prefix),
     # The header trusted proxies name the client in; any other is the client's own words.
     "PROXY_HEADER": Setting("x-forwarded-for", _proxy_header),
+    # The address ratelimits.compat.drf counts an anonymous client by: "trusted_proxies"
+    # (the `ip` key's) or "num_proxies" (DRF's get_ident(), which with NUM_PROXIES unset
+    # takes X-Forwarded-For from anyone).
+    "DRF_CLIENT_IP": Setting("trusted_proxies", _drf_client_ip),
     # Longest a request is held for its turn (a leaky bucket's queue, a policy's max_wait).
     "MAX_DELAY": Setting(5.0, _seconds),
     # Requests that may wait for their turn at once in one process, and of one client;

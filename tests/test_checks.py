@@ -173,3 +173,40 @@ def test_w004_is_a_database_check():
     Policy.objects.create(name="p", mode="enforce", algorithm="fixed_window", limit=5,
                           period=60, key="ip", path="*")
     assert "ratelimits.W004" not in ids()
+
+
+# -- W010, W011: the DRF compat throttles' client address beside DRF's NUM_PROXIES ---------
+
+COMPAT = {"DEFAULT_THROTTLE_CLASSES": ["ratelimits.compat.drf.AnonRateThrottle"]}
+
+
+def test_w010_num_proxies_is_not_read_by_the_compat_throttles():
+    with override_settings(REST_FRAMEWORK={**COMPAT, "NUM_PROXIES": 1}):
+        (msg,) = messages("ratelimits.W010")
+    assert msg.level == checks.WARNING
+    assert "NUM_PROXIES'] is 1" in msg.msg and "counted as one" in msg.msg
+    assert "TRUSTED_PROXIES" in msg.hint and "'num_proxies'" in msg.hint
+
+
+@pytest.mark.parametrize("ratelimits", [
+    {"TRUSTED_PROXIES": ["10.0.0.0/8"], "PROXY_HEADER": "x-forwarded-for"},  # ours is set
+    {"DRF_CLIENT_IP": "num_proxies"},  # DRF's is asked for
+])
+def test_w010_is_quiet_when_the_proxies_are_told_one_way(ratelimits):
+    with override_settings(REST_FRAMEWORK={**COMPAT, "NUM_PROXIES": 1}, RATELIMITS=ratelimits):
+        assert not {"ratelimits.W010", "ratelimits.W011"} & ids()
+    with override_settings(REST_FRAMEWORK=COMPAT):  # no NUM_PROXIES to rely on
+        assert "ratelimits.W010" not in ids()
+
+
+def test_w011_drfs_client_address_without_num_proxies_trusts_anyone():
+    with override_settings(REST_FRAMEWORK=COMPAT, RATELIMITS={"DRF_CLIENT_IP": "num_proxies"}):
+        (msg,) = messages("ratelimits.W011")
+    assert "X-Forwarded-For whoever sends it" in msg.msg
+    assert "NUM_PROXIES" in msg.hint and "TRUSTED_PROXIES" in msg.hint
+
+
+def test_drf_client_ip_takes_one_of_two_values():
+    with override_settings(RATELIMITS={"DRF_CLIENT_IP": "drf"}):
+        (msg,) = messages("ratelimits.E001")
+    assert "'trusted_proxies'" in msg.msg and "'num_proxies'" in msg.msg

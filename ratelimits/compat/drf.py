@@ -32,7 +32,9 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
+from ratelimits.conf import get_config
 from ratelimits.engine.types import Outcome, Result
+from ratelimits.matching.identity import client_ip
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import SCOPE_PREFIX, registry
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request, state_for
@@ -123,6 +125,20 @@ class SimpleRateThrottle(BaseThrottle):
     def get_cache_key(self, request: Any, view: Any) -> str | None:
         """The client this throttle counts, or None when it does not throttle `request`."""
         raise NotImplementedError(".get_cache_key() must be overridden")
+
+    def get_ident(self, request: Any) -> str:
+        """The client's address, as the `ip` key reads it: `X-Forwarded-For` (or the
+        PROXY_HEADER) only from one of TRUSTED_PROXIES, an IPv6 client as its prefix.
+        DRF's own answer (its NUM_PROXIES, and without it X-Forwarded-For from anyone)
+        when `RATELIMITS["DRF_CLIENT_IP"]` is "num_proxies"."""
+        config = get_config()
+        if config["DRF_CLIENT_IP"] == "num_proxies":
+            return super().get_ident(request)
+        meta = request.META
+        address = client_ip(meta, config["TRUSTED_PROXIES"], config["IPV6_PREFIX"],
+                            config["PROXY_HEADER"])
+        # no address to read: the peer as it was given, as DRF's cache key says then
+        return address if address is not None else str(meta.get("REMOTE_ADDR"))
 
     def get_rate(self) -> str | None:
         """The rate of this throttle's `scope` in `THROTTLE_RATES`."""

@@ -232,3 +232,39 @@ def test_the_classes_load_when_drf_settings_name_them_in_a_fresh_process(tmp_pat
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "['AnonRateThrottle', 'UserRateThrottle']"
+
+
+# -- the client's address ------------------------------------------------------------------
+
+
+def rotating(client, n, header=lambda i: f"198.51.100.{i}", **extra):
+    """`n` anonymous requests, each naming another client in X-Forwarded-For."""
+    return [client.get("/both/", HTTP_X_FORWARDED_FOR=header(i), **extra).status_code
+            for i in range(n)]
+
+
+def test_a_forwarding_header_from_an_untrusted_peer_names_no_client(client, rates):
+    """The client is the address the `ip` key reads: a peer that is not one of
+    TRUSTED_PROXIES is itself the client, whatever X-Forwarded-For says (DRF's default,
+    NUM_PROXIES=None, would count each request as a new client)."""
+    assert rotating(client, 20) == [200, 200] + [429] * 18
+
+
+def test_behind_a_trusted_proxy_the_forwarded_client_is_counted(client, rates, settings):
+    settings.RATELIMITS = {**settings.RATELIMITS, "TRUSTED_PROXIES": ["127.0.0.0/8"]}
+    assert rotating(client, 20) == [200] * 20  # each one a client of the proxy
+    # the proxy appends the peer it saw: what the client wrote before it is its own
+    assert rotating(client, 5, lambda i: f"192.0.2.{i}, 203.0.113.7") == [200, 200] + [429] * 3
+
+
+def test_ipv6_clients_are_counted_per_prefix_as_the_ip_key_counts_them(client, rates):
+    codes = [client.get("/both/", REMOTE_ADDR=f"2001:db8:0:1::{i:x}").status_code
+             for i in range(1, 6)]
+    assert codes == [200, 200, 429, 429, 429]
+
+
+def test_drfs_own_client_address_is_opted_into(client, rates, settings):
+    settings.RATELIMITS = {**settings.RATELIMITS, "DRF_CLIENT_IP": "num_proxies"}
+    assert rotating(client, 20) == [200] * 20  # NUM_PROXIES=None: X-Forwarded-For, whole
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    assert rotating(client, 5, lambda i: f"192.0.2.{i}, 203.0.113.8") == [200, 200] + [429] * 3

@@ -9,10 +9,11 @@ each commented with `DIFFERENCE:` and listed in docs/migrating/drf.md.
 """
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
-from django.test import TestCase
+from django.test import TestCase, override_settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
@@ -393,6 +394,11 @@ class ScopedRateThrottleTests(TestCase):
 
 class XffTestingBase(TestCase):
     def setUp(self):
+        # DIFFERENCE (the client's address): the compat throttles read it as the `ip` key
+        # does, from TRUSTED_PROXIES; DRF's get_ident() and NUM_PROXIES, which these
+        # scenarios test, are opted into (XffWithoutOptingInTests: without it)
+        self.enterContext(override_settings(
+            RATELIMITS={**settings.RATELIMITS, 'DRF_CLIENT_IP': 'num_proxies'}))
 
         class Throttle(ScopedRateThrottle):
             THROTTLE_RATES = {'test_limit': '1/day'}
@@ -425,7 +431,10 @@ class XffTestingBase(TestCase):
         setattr(api_settings, 'NUM_PROXIES', num_proxies)
 
     def tearDown(self):
-        # (not upstream: forget NUM_PROXIES, which would leak into other modules)
+        # (not upstream: forget NUM_PROXIES, which would leak into other modules; set
+        # before DRF read it, it is not among the attributes reload() forgets)
+        if 'NUM_PROXIES' in vars(api_settings):
+            api_settings._cached_attrs.add('NUM_PROXIES')
         api_settings.reload()
 
 
@@ -466,6 +475,31 @@ class XffUniqueMachinesTest(XffTestingBase):
         self.view(self.request)
         other_client = self.build_request('0.0.0.0, 7.7.7.7, 2.2.2.2')
         assert self.view(other_client).status_code == 200
+
+
+class XffWithoutOptingInTests(XffTestingBase):
+    """(not upstream) DIFFERENCE (the client's address): by default the peer is the
+    client unless it is one of TRUSTED_PROXIES, whatever NUM_PROXIES says."""
+
+    def setUp(self):
+        super().setUp()
+        default = {k: v for k, v in settings.RATELIMITS.items() if k != 'DRF_CLIENT_IP'}
+        self.enterContext(override_settings(RATELIMITS=default))
+
+    def test_unique_clients_behind_an_untrusted_peer_are_one_client(self):
+        self.config_proxy(1)
+        self.view(self.request)
+        other_client = self.build_request('0.0.0.0, 1.1.1.1, 7.7.7.7')
+        assert self.view(other_client).status_code == 429  # DRF: 200
+
+    def test_unique_clients_behind_a_trusted_proxy_are_counted_independently(self):
+        with override_settings(RATELIMITS={**settings.RATELIMITS,
+                                           'TRUSTED_PROXIES': ['3.3.3.3']}):
+            self.view(self.request)
+            other_client = self.build_request('0.0.0.0, 1.1.1.1, 7.7.7.7')
+            assert self.view(other_client).status_code == 200
+            spoofed = self.build_request('4.4.4.4, 5.5.5.5, 2.2.2.2')
+            assert self.view(spoofed).status_code == 429
 
 
 class BaseThrottleTests(TestCase):
