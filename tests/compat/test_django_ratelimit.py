@@ -25,9 +25,18 @@ from ratelimits.compat.django_ratelimit.core import (
 )
 from ratelimits.compat.django_ratelimit.decorators import ratelimit
 from ratelimits.compat.django_ratelimit.exceptions import Ratelimited
+from ratelimits.testing import START
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _one_window(clock):
+    """Upstream's scenarios make a few calls at a rate of 1/m and expect them in one
+    window; with django-ratelimit's windows aligned to the clock, a run that crossed a
+    minute would see a fresh one. The app's clock stands at a window's start instead."""
+    clock.freeze(START)
 
 rf = RequestFactory()
 
