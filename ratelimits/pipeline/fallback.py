@@ -71,7 +71,10 @@ def local_share(limit: Limit, instances: int) -> Limit:
     """This instance's part of a shared limit while each instance decides alone.
 
     Two instances sharing 100 per second take 50 per second each; a share never drops
-    below one request's cost, so a policy keeps admitting something.
+    below one request's cost, so a policy keeps admitting something. A `batch` above the
+    share is cut to it: a limit's batch never exceeds its limit, and a process cut off
+    from the store may not take more than its share (the in-process engine decides each
+    request on its own, so the batch changes nothing else there).
     """
     if instances <= 1:
         return limit
@@ -81,4 +84,5 @@ def local_share(limit: Limit, instances: int) -> Limit:
         burst = max(
             0 if limit.spec.delays else limit.cost, math.ceil(burst / instances)  # a queue may be 0
         )
-    return dataclasses.replace(limit, limit=share, burst=burst)
+    batch = limit.batch if limit.batch is None else min(limit.batch, share)
+    return dataclasses.replace(limit, limit=share, burst=burst, batch=batch)

@@ -189,3 +189,6 @@ def test_local_share_never_drops_below_one_request():
     assert local_share(Limit("c", "gcra", 100, 1, burst=10), 3).burst == 4
     assert local_share(Limit("c", "fixed_window", 3, 1, cost=2), 4).limit == 2
     assert local_share(Limit("c", "leaky_bucket", 9, 1, burst=1), 4).burst == 1
+    # a batch above the share would make no valid limit: it is cut to the share
+    assert local_share(Limit("c", "fixed_window", 30, 1, batch=10), 4).batch == 8
+    assert local_share(Limit("c", "fixed_window", 30, 1, batch=5), 4).batch == 5
