@@ -37,6 +37,7 @@ from ratelimits.engine.contract import (
     encode_lease_reset,
     encode_refund,
     encode_renew,
+    note_taken,
     returned_units,
     spare,
 )
@@ -152,8 +153,9 @@ class ClusterEngine(Acquiring):
         reached: dict[int, Any] = {}
         try:
             replies = yield from self._beating(calls, now, reached)
-        except EngineUnavailable:
+        except EngineUnavailable as exc:
             yield from self._refund_reached(limits, groups, reached, token)
+            note_taken(limits, token, exc)  # a node that timed out may run it later
             raise
         raw, undo, now_us = self._collect(limits, groups, replies)
         admitted = len(undo) == len(groups)

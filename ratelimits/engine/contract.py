@@ -18,6 +18,7 @@ from typing import Any
 from ratelimits.engine import constants
 from ratelimits.engine.algorithms import LEARNED_ONLY
 from ratelimits.engine.calendar import bounds
+from ratelimits.engine.errors import CircuitOpen, EngineError
 from ratelimits.engine.keynames import base_key, cell, new_token, period_us, to_us
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
@@ -193,6 +194,17 @@ def assemble(
         version,
         token if holds else None,
     )
+
+
+def note_taken(limits: Sequence[Limit], token: str | None, exc: EngineError) -> None:
+    """A call of `limits` under `token` failed with `exc`: note on it the slots the call
+    takes if the store runs it anyway (`EngineError.taken`). A call that timed out was
+    sent, and a paused server runs it as it resumes; one the breaker stopped was not."""
+    if token and not isinstance(exc, CircuitOpen):
+        held = tuple(Result(limit, True, 0, 0.0, 0.0, outcome=Outcome.ADMITTED)
+                     for limit in limits if REGISTRY[limit.algorithm].holds_slots)
+        if held:
+            exc.taken = Decision(True, held, token=token)
 
 
 def result_values(allowed: int, remaining: float, reset_after: float, retry_after: float,

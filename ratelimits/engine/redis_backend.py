@@ -25,6 +25,7 @@ from ratelimits.engine.contract import (
     encode_lease,
     encode_lease_reset,
     encode_renew,
+    note_taken,
     returned_units,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -126,10 +127,15 @@ class RedisEngine(Acquiring):
         keys, args, token, carried = self._call_of(limits, now)
         try:
             reply = yield from guarded(self.breaker, self._calling(keys, args, now))
-        except EngineError:
+        except EngineError as exc:
             self._unsent(carried)
+            note_taken(limits, token, exc)
             raise
-        return self._decision_of(limits, reply, token)
+        try:
+            return self._decision_of(limits, reply, token)
+        except EngineError as exc:  # the script ran: its reply is what went wrong
+            note_taken(limits, token, exc)
+            raise
 
     def _call_of(
         self, limits: Sequence[Limit], now: float | None

@@ -24,7 +24,7 @@ import redis.asyncio
 from redis.exceptions import NoScriptError
 
 from ratelimits.engine.breaker import CircuitBreaker
-from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow
 
 __all__ = [
@@ -279,7 +279,7 @@ class Script:
 def admit(breaker: CircuitBreaker | None) -> None:
     """Raise EngineUnavailable at once while `breaker` is open: no socket is touched."""
     if breaker is not None and not breaker.allow():
-        raise EngineUnavailable("circuit open after repeated store failures")
+        raise CircuitOpen("circuit open after repeated store failures")
 
 
 def guarded(breaker: CircuitBreaker | None, flow: Flow[T]) -> Flow[T]:

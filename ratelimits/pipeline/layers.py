@@ -22,7 +22,7 @@ from ratelimits.pipeline.recording import Timed
 from ratelimits.pipeline.release import adaptive_taken
 from ratelimits.pipeline.resolver import PER_PROCESS
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict
-from ratelimits.pipeline.watchdog import hold
+from ratelimits.pipeline.watchdog import hold, watchdog
 
 #: An in-process engine and the planned policies it decides.
 Layer = tuple[Any, list[Planned]]
@@ -70,6 +70,8 @@ def _judged(ctx: Context, planned: list[Planned], failed: list[Any], engine: Eng
             timed: Timed, decision: Decision) -> Verdict:
     """The verdict on the store's `decision` about `planned`, recorded, its slots held."""
     timed.decided(engine, timed.lap(), planned, decision)
+    if watchdog.owed:  # the store answers again: free the slots an outage left held
+        watchdog.answered()
     if decision.token is not None:
         hold(ctx.state, engine, decision)
     return ctx.judge(planned, decision, failed)

@@ -15,12 +15,16 @@ whole period. So the thread also tries such releases again, every `RETRY_EVERY` 
 until the store takes them or their slots have expired by themselves (`period` after
 the last renewal); a retry goes through the store's circuit breaker like any call, so
 it costs nothing while the circuit is open and is the probe that closes it once the
-cool-down is over.
+cool-down is over. A decision that timed out is released the same way: the paused store
+runs it as it resumes, and its slots, whose token only this process knows, would
+otherwise hold the limit for a whole period (a 3 s pause once took a limit of 3 to zero
+for 27 s).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -59,6 +63,9 @@ class Watchdog:
         #: Releases that failed: (engine, decision, when its slots expire by themselves).
         self._unreleased: list[tuple[Holder, Decision, float]] = []
         self._unreleased_told = False
+        #: A release failed since the store last answered: the next answer (`answered()`)
+        #: has the thread try again at once, not at its next round.
+        self.owed = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -94,11 +101,22 @@ class Watchdog:
     def release_later(self, engine: Holder, decision: Decision, exc: Exception) -> None:
         """`engine.release(decision)` failed with `exc`: try it again until the store takes
         it (logged once per outage; the request goes on either way)."""
-        until = runtime.clock().monotonic() + _period(decision)
+        self._later(engine, decision, exc, runtime.clock().monotonic() + _period(decision))
+
+    def release_taken(self, engine: Holder, decision: Decision, exc: Exception) -> None:
+        """The call that would take `decision`'s slots failed with `exc` after it was sent
+        (`EngineError.taken`): a paused store runs it when it resumes, a `period` before
+        those slots expire, and nobody else knows their token. Release them as soon as the
+        store answers, however long the outage lasts (a release of slots never taken
+        frees nothing)."""
+        self._later(engine, decision, exc, math.inf)
+
+    def _later(self, engine: Holder, decision: Decision, exc: Exception, until: float) -> None:
         with self._cond:
             if len(self._unreleased) >= MAX_UNRELEASED:
                 del self._unreleased[0]
             self._unreleased.append((engine, decision, until))
+            self.owed = True
             told, self._unreleased_told = self._unreleased_told, True
             if self._thread is None or self._pid != os.getpid():
                 self._start()
@@ -108,6 +126,15 @@ class Watchdog:
             logger.warning(
                 "ratelimits: could not release concurrency slots (%s); trying again every "
                 "%s s until the store answers (logged once per outage)", exc, RETRY_EVERY)
+
+    def answered(self) -> None:
+        """The store answered a request's call after releases failed (`owed`): the
+        thread tries them now. Its round comes every `RETRY_EVERY` seconds anyway; this
+        saves that wait once per failed release, when the outage ends."""
+        with self._cond:
+            if self.owed and self._unreleased:
+                self._cond.notify()
+            self.owed = False
 
     def stop(self) -> None:
         """Forget every held decision and end the thread (tests, settings changes)."""
@@ -119,6 +146,7 @@ class Watchdog:
             self._failing = False
             self._unreleased.clear()
             self._unreleased_told = False
+            self.owed = False
             self._cond.notify_all()
 
     def _start(self) -> None:

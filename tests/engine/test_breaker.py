@@ -71,3 +71,38 @@ def test_open_engine_fails_without_touching_the_socket():
     with pytest.raises(EngineUnavailable, match="circuit open"):
         engine.evaluate([limit])
     assert time.perf_counter() - start < 0.01
+
+
+@pytest.mark.slow
+def test_a_decision_that_timed_out_names_the_slots_a_resumed_server_takes(private_redis):
+    """A paused server runs the timed-out call as it resumes: the error names the slots it
+    takes (`EngineError.taken`), and releasing them frees them. A call the open breaker
+    stopped reached nothing and names none."""
+    import signal
+
+    from ratelimits.engine.keynames import base_key
+
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=0.1,
+                                  retry=Retry(NoBackoff(), 0))
+    engine = RedisEngine(client, breaker=CircuitBreaker(failures=1, cooldown=60), stats=False)
+    slots = Limit("global", "concurrency", 3, 30, name="slots")
+    window = Limit("global", "fixed_window", 5, 60, name="window")
+    held = redis.Redis.from_url(private_redis.url)
+    assert engine.evaluate([slots, window]).allowed  # scripts loaded
+    held.delete(base_key(engine.prefix, slots))
+    private_redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(EngineUnavailable) as timed_out:
+            engine.evaluate([slots, window])
+        with pytest.raises(EngineUnavailable, match="circuit open") as stopped:
+            engine.evaluate([slots, window])
+    finally:
+        private_redis.proc.send_signal(signal.SIGCONT)
+    assert stopped.value.taken is None
+    taken = timed_out.value.taken
+    assert taken is not None and [limit for limit, _ in taken.holding()] == [slots]
+    assert held.zcard(base_key(engine.prefix, slots)) == 1  # run as the server resumed
+    engine.breaker.success()  # the cool-down over
+    engine.release(taken)
+    assert held.zcard(base_key(engine.prefix, slots)) == 0
+    held.close()

@@ -4,6 +4,7 @@ The test suite's settings, with a file SQLite database the workers and the test 
 the engine on the test's private redis-server, and views that say which worker answered.
 """
 
+import json
 import os
 import threading
 
@@ -21,7 +22,9 @@ CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
                       "LOCATION": os.environ["WORKERS_REDIS_URL"],
                       "OPTIONS": {"CONNECTION_POOL_KWARGS": {
                           "client_name": f"worker-{os.getpid()}"}}}}
-RATELIMITS = {**RATELIMITS, "REJECT_VIEW": "tests.support.workers_settings.rejected"}
+# A test sets more in WORKERS_RATELIMITS (JSON), e.g. its breaker's cool-down.
+RATELIMITS = {**RATELIMITS, "REJECT_VIEW": "tests.support.workers_settings.rejected",
+              **json.loads(os.environ.get("WORKERS_RATELIMITS", "{}"))}
 ROOT_URLCONF = "tests.support.workers_settings"
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
