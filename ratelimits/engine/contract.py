@@ -301,9 +301,11 @@ def encode_renew(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]],
 
 #: ARGV per leased limit, after the one head value (now_us); KEYS: one base key each.
 #: `want` is the units to lease (0: only give back), or `LEASE_RESET` to reset the client;
-#: `back_epoch` is the epoch (resets of its window) of the grant the units come from.
+#: `back_epoch` is the epoch (resets of its window) of the grant the units come from; a
+#: calendar window's limit carries `cal0`..`cal2` as a decision does (`LIMIT_ARGS`), so
+#: leased and unleased requests count in the same window.
 LEASE_ARGS = ("algorithm", "limit", "period_us", "cost", "want", "back_window", "back_units",
-              "field", "back_epoch")
+              "field", "back_epoch", "cal0", "cal1", "cal2")
 #: The lease script's reply: now_us, then per limit these values.
 LEASE_FIELDS = ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after",
                 "returned", "epoch")
@@ -316,16 +318,17 @@ def encode_lease(
     back before its new grant is counted), then one lease of `batch` units per limit."""
     keys: list[str] = []
     args: list[Any] = ["" if now is None else to_us(now)]
+    clock = _Clock(now)
     for item in back:
         key, field = cell(prefix, item.limit)
         keys.append(key)
-        args += _lease_args(item.limit, 0, item.window, item.units, field, item.epoch)
+        args += _lease_args(item.limit, 0, item.window, item.units, field, item.epoch, clock)
     for limit in limits:
         if limit.batch is None:
             raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
         key, field = cell(prefix, limit)
         keys.append(key)
-        args += _lease_args(limit, limit.batch, "", 0, field, "")
+        args += _lease_args(limit, limit.batch, "", 0, field, "", clock)
     return keys, args
 
 
@@ -336,13 +339,31 @@ def encode_lease_reset(prefix: str, limit: Limit, now: float | None
     can no longer be given back (see lua/lease.lua)."""
     key, field = cell(prefix, limit)
     return [key], ["" if now is None else to_us(now),
-                   *_lease_args(limit, LEASE_RESET, "", 0, field, "")]
+                   *_lease_args(limit, LEASE_RESET, "", 0, field, "", _Clock(now))]
+
+
+class _Clock:
+    """The caller's time in µs (`now`, else its clock), read once per call and only when
+    a calendar window needs it: the windows around it go with the call (`bounds`)."""
+
+    __slots__ = ("now", "us")
+
+    def __init__(self, now: float | None) -> None:
+        self.now = now
+        self.us: int | None = None
+
+    def window(self, limit: Limit) -> tuple[int, int, int]:
+        if not limit.calendar:
+            return _NO_WINDOW
+        if self.us is None:
+            self.us = to_us(time.time() if self.now is None else self.now)
+        return bounds(limit.calendar, limit.zone, self.us)
 
 
 def _lease_args(limit: Limit, want: int, window: int | str, units: int,
-                field: str, epoch: int | str) -> tuple[Any, ...]:
+                field: str, epoch: int | str, clock: _Clock) -> tuple[Any, ...]:
     values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units,
-              field, epoch)
+              field, epoch, *clock.window(limit))
     assert len(values) == len(LEASE_ARGS)
     return values
 

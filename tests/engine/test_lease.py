@@ -440,3 +440,70 @@ def test_the_cluster_grants_and_takes_back_like_one_server(cluster):
         engine.close()
         client.flushall(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
         client.close()
+
+
+# -- calendar windows ------------------------------------------------------------------
+
+
+def _local(*args: int, zone: str) -> float:
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    return dt.datetime(*args, tzinfo=ZoneInfo(zone)).timestamp()
+
+
+def test_a_leased_calendar_day_is_the_unleased_one(redis_client):
+    """A day of Los Angeles with `batch`: the same count (its key, its window) as without,
+    refused until local midnight, not until 00:00 UTC."""
+    zone = "America/Los_Angeles"
+    leased = Limit("u", "fixed_window", 30, 86_400, name="daily", calendar="day",
+                   zone=zone, batch=10)
+    plain = unleased(leased)
+    store = RedisEngine(redis_client, stats=False)
+    process = LocalFirst(store)
+    at = _local(2027, 1, 15, 7, 13, 17, zone=zone)
+    midnight = _local(2027, 1, 16, 0, 0, zone=zone)
+    assert midnight - at == 60_403
+    assert all(process.evaluate([leased], now=at).allowed for _ in range(15))
+    # two leases of 10 charged to the day's count, which the unleased limit reads
+    key, field = cell("rl:", leased)
+    day = int(_local(2027, 1, 15, 0, 0, zone=zone))
+    assert int(redis_client.hget(f"{key}:{day}", field)) == 20
+    assert store.evaluate([plain], now=at).results[0].remaining == 9
+    while store.evaluate([plain], now=at).allowed:
+        pass
+    assert all(process.evaluate([leased], now=at).allowed for _ in range(5))  # its lease
+    refused = process.evaluate([leased], now=at + 1)
+    assert not refused.allowed
+    assert refused.retry_after == midnight - at - 1 == store.evaluate(
+        [plain], now=at + 1).retry_after
+    # a new day at local midnight, for both
+    assert process.evaluate([leased], now=midnight).allowed
+    assert store.evaluate([plain], now=midnight).results[0].remaining == 30 - 10 - 1
+    store.close()
+
+
+def test_a_leased_calendar_month_is_its_own_length(redis_client):
+    month = Limit("acme", "fixed_window", 10, 30 * 86_400, name="plan", calendar="month",
+                  zone="UTC", batch=5)
+    store = RedisEngine(redis_client, stats=False)
+    process = LocalFirst(store)
+    feb = _local(2028, 2, 10, 12, 0, zone="UTC")  # a leap year: February has 29 days
+    assert all(process.evaluate([month], now=feb).allowed for _ in range(10))
+    refused = process.evaluate([month], now=feb + 1)
+    assert refused.retry_after == _local(2028, 3, 1, zone="UTC") - feb - 1  # on the 1st
+    assert process.evaluate([month], now=_local(2028, 3, 1, zone="UTC")).allowed
+    store.close()
+
+
+def test_a_reset_of_a_leased_calendar_window_frees_that_window(redis_client):
+    day = Limit("u", "fixed_window", 2, 86_400, name="daily", calendar="day",
+                zone="Europe/Paris", batch=2)
+    store = RedisEngine(redis_client, stats=False)
+    at = _local(2027, 3, 28, 20, 0, zone="Europe/Paris")
+    assert store.evaluate([unleased(day)] * 2, now=at).allowed  # the day's count: 2
+    assert store.lease([day], now=at)[0].units == 0
+    store.reset(day, now=at + 1)  # the reset of a leased limit (see lua/lease.lua)
+    assert store.evaluate([unleased(day)], now=at + 2).allowed
+    assert store.lease([day], now=at + 2)[0].units == 1
+    store.close()

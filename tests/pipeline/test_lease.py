@@ -84,3 +84,26 @@ def test_the_model_refuses_batch_where_a_lease_would_break_the_promise(make_poli
 
     with pytest.raises(ValidationError, match="batch"):
         make_policy(name="x", algorithm=algorithm, limit=10, period=60, batch=5)
+
+
+@pytest.mark.parametrize("batch", [None, 10])
+def test_a_calendar_day_refuses_until_local_midnight_leased_or_not(
+    client, make_policy, settings, clock, batch
+):
+    """A day of `TIME_ZONE` (Los Angeles): with or without `batch`, 30 admitted, then
+    refused until local midnight (Retry-After 60,403 s at 07:13:17), not until 00:00
+    UTC; and the leased policy counts in the unleased one's window."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo("America/Los_Angeles")
+    settings.TIME_ZONE = "America/Los_Angeles"
+    clock.freeze(datetime(2027, 1, 15, 7, 13, 17, tzinfo=zone).timestamp())
+    make_policy(name="daily", algorithm="fixed_window", calendar="day", limit=30,
+                batch=batch, key="global", path="/hello/")
+    statuses = [client.get("/hello/").status_code for _ in range(30)]
+    refused = client.get("/hello/")
+    assert statuses == [200] * 30 and refused.status_code == 429
+    assert refused["Retry-After"] == "60403"
+    clock.freeze(datetime(2027, 1, 16, 0, 0, tzinfo=zone).timestamp())
+    assert client.get("/hello/").status_code == 200

@@ -6,7 +6,9 @@
 --
 -- ARGV: now_us ('' = the server's TIME), then per key LEASE_PER values at the offsets
 -- LEASE_*: algorithm, limit, period_us, cost, want (0 = only give back), back_window
--- ('' = nothing to give back), back_units, field. KEYS: one base key per limit.
+-- ('' = nothing to give back), back_units, field, back_epoch, and a calendar window's
+-- three boundaries (µs; 0 when none), as a decision carries them. KEYS: one base key per
+-- limit.
 -- Per key, first the give-back: back_units return to window back_window only while it is
 -- still the current window (a window that ended keeps its count: its requests are over,
 -- and a sliding window's previous count must not shrink under the next one's estimate),
@@ -14,6 +16,9 @@
 -- least `cost` or none.
 --
 -- fixed_window: the window has L - n units left; a grant is good until the window ends.
+-- A calendar window (a day, a week, a month of a time zone) is the one holding the
+-- server's time among the two the call carries, keyed by its start in seconds, as
+-- fixed_window.lua keys it: leased or not, a request counts in the same window.
 -- sliding_window: the estimate of the period ending now is prev * (P - elapsed) / P +
 -- cur, and a request passes while estimate + cost <= L. A grant of g units is charged to
 -- cur at once, so estimate + g <= L at the grant; as the window runs on, prev's weight
@@ -93,8 +98,18 @@ for i = 1, #KEYS do
   if algorithm ~= 'fixed_window' and algorithm ~= 'sliding_window' then
     error('a lease needs fixed_window or sliding_window, not ' .. tostring(algorithm))
   end
-  local win = math.floor(now / P)
-  local elapsed = now - win * P
+  local win, elapsed, ends
+  local edge = ARGV[o + LEASE_CAL1]
+  if edge ~= '0' then  -- a calendar window: the one holding the server's time
+    edge = tonumber(edge)
+    local first, last = tonumber(ARGV[o + LEASE_CAL0]), edge
+    if now >= edge then first, last = edge, tonumber(ARGV[o + LEASE_CAL2]) end
+    win, elapsed, ends = first / US, now - first, last - now
+  else
+    win = math.floor(now / P)
+    elapsed = now - win * P
+    ends = P - elapsed
+  end
   local k = window_key(KEYS[i], win)
   local cur = tonumber(redis.call('HGET', k, f)) or 0
   local lf = f .. ':l'
@@ -124,7 +139,6 @@ for i = 1, #KEYS do
     redis.call('HINCRBY', k, f, -returned)  -- the hash keeps its expiry
   end
   local granted, remaining, reset, retry = 0, 0, 0, 0
-  local ends = P - elapsed
   if algorithm == 'fixed_window' then
     local left = L - cur
     reset = ends
