@@ -11,8 +11,10 @@ import time
 from collections import Counter
 
 import pytest
+import redis
 
-from ratelimits.engine.heartbeat import BEAT_EVERY
+from ratelimits.engine.heartbeat import BEAT_EVERY, live_key
+from tests.settings import RATELIMITS
 from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
@@ -50,10 +52,17 @@ def test_a_batch_above_the_share_keeps_the_local_bound_when_redis_pauses(site, p
                 period=PERIOD, key="global", path="/hello/", on_error="local", batch=BATCH)
     site.start(workers=WORKERS)
     logs = Drained(site)
-    # every worker beats within BEAT_EVERY of its first request and learns all four at its
-    # next beat: serve traffic on a path no policy limits a little longer than two
+    # serve traffic on a path no policy limits until all four workers have beaten, then a
+    # beat longer: each learns, at its next beat, that four share the limit (a beat rides
+    # on the policy version's read, made at most once a second)
+    live = redis.Redis.from_url(private_redis.url)
     seen: set[int] = set()
-    until = time.monotonic() + 2 * BEAT_EVERY + 0.5
+    deadline = time.monotonic() + 30
+    while live.zcard(live_key(RATELIMITS["KEY_PREFIX"])) < WORKERS:
+        assert time.monotonic() < deadline, "the workers never all beat"
+        seen |= {pid for _, _, pid in site.load("/free/", 40)}
+    live.close()
+    until = time.monotonic() + BEAT_EVERY + 1.5
     while time.monotonic() < until:
         seen |= {pid for _, _, pid in site.load("/free/", 40)}
     assert len(seen) == WORKERS

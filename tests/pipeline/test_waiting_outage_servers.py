@@ -79,21 +79,29 @@ def test_a_pause_of_the_store_leaves_no_slot_held_past_the_cooldown(
         else:
             site.start(2, threads=4)
         load = Load(site, path)
-        time.sleep(1.0)  # the workers' snapshots and scripts loaded, slots taken and freed
+        deadline = time.monotonic() + 30
+        while not any(status == 200 for _, _, status in load.answers):
+            assert time.monotonic() < deadline, "never served before the pause"
+            time.sleep(0.05)
+        time.sleep(0.5)  # every worker's snapshot and scripts loaded: slots taken and freed
         private_redis.proc.send_signal(signal.SIGSTOP)  # accepts, never answers
         time.sleep(PAUSE)
         private_redis.proc.send_signal(signal.SIGCONT)
         resumed = time.monotonic()
         bound = BREAKER["BREAKER_COOLDOWN"] + RETRY_EVERY
-        time.sleep(bound + 3.0)  # and as long again, to see it serve
+        time.sleep(bound + 3.0)  # and longer, to see it serve
         answers = load.stop()
-        left = held.zcard(base_key(RATELIMITS["KEY_PREFIX"], slots))
+        # every request answered: a slot still held is one the outage left behind (a
+        # release made as the last responses went out gets the time a retry would)
+        key = base_key(RATELIMITS["KEY_PREFIX"], slots)
+        settled = time.monotonic() + RETRY_EVERY
+        while (left := held.zcard(key)) and time.monotonic() < settled:
+            time.sleep(0.02)
     finally:
         site.stop()
         held.close()
     statuses = {status for _, _, status in answers}
     assert statuses <= {200, 429, 503}, statuses
-    assert any(status == 200 for sent, _, status in answers if sent < resumed - PAUSE)
     served = [sent for sent, _, status in answers if status == 200 and sent >= resumed]
     # the first request sent after the resumption that the store admitted (the slots
     # the outage left behind free again); and the policy goes on serving after it
@@ -102,4 +110,4 @@ def test_a_pause_of_the_store_leaves_no_slot_held_past_the_cooldown(
           f"{bound:.2f} s; {left} slots held at the end")
     assert waited <= bound, (waited, bound, left)
     assert len(served) >= 2 * CLIENTS
-    assert left == 0  # every request answered: no slot is held by nobody
+    assert left == 0
