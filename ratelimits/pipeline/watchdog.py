@@ -130,7 +130,8 @@ class Watchdog:
     def answered(self) -> None:
         """The store answered a request's call after releases failed (`owed`): the
         thread tries them now. Its round comes every `RETRY_EVERY` seconds anyway; this
-        saves that wait once per failed release, when the outage ends."""
+        saves that wait when an outage ends. Only a new failure sets `owed` again: a
+        retry that fails keeps its pace, and requests never drive the thread faster."""
         with self._cond:
             if self.owed and self._unreleased:
                 self._cond.notify()
