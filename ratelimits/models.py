@@ -382,13 +382,24 @@ class Policy(models.Model):
     def _check_counted(self, add: Any) -> None:
         """What is charged: the responses (`charge_on`, `reset_on`), the cost function,
         the calendar (which sets the period its windows are nominally long)."""
+        rules = []
         for field, word in (("charge_on", CHARGE_WORD), ("reset_on", RESET_WORD)):
             value = (getattr(self, field) or "").strip()
             setattr(self, field, value)
             try:
-                parse_responses(value, word)
+                rules.append(parse_responses(value, word))
             except ValueError as exc:
                 add(field, str(exc)[0].upper() + str(exc)[1:] + ".")
+        charge, reset = rules if len(rules) == 2 else (None, None)
+        if charge is not None and reset is not None:
+            shared = charge.shared_with(reset)
+            if shared:
+                # a response that resets is not charged (settling): such a policy
+                # would clear the very failures it is there to count
+                add("reset_on", f"charge_on and reset_on both name {shared}: each such "
+                    "response would clear the client's count instead of being charged, so "
+                    "the policy would never count it. Name the failures in charge_on and "
+                    "the successes in reset_on.")
         self.cost_function = (self.cost_function or "").strip()
         if self.cost_function:
             error = cost_function_error(self.cost_function)

@@ -23,6 +23,10 @@ from ratelimits.engine.registry import (
 #: after the response; that charge, made when there is room.
 CHARGE, CHECK, SETTLE = 0, 1, 2
 STAGES = (CHARGE, CHECK, SETTLE)
+#: The longest `Limit.lockout` (seconds): 30 days. A lockout is a pause for a guessing
+#: machine, held in the store; a client to be kept out for longer belongs in a firewall
+#: or on its account, where someone can see it and lift it.
+MAX_LOCKOUT = 30 * 86400
 
 #: The algorithms a limit of cost 0 reads without changing: `Result.remaining` is what
 #: is left, and nothing is taken (django-ratelimit's `increment=False`).
@@ -173,6 +177,10 @@ class Limit:
         ):
             raise ValueError(f"lockout must be a number of seconds of at least 0, "
                              f"got {lockout!r}")
+        if lockout > MAX_LOCKOUT:
+            raise ValueError(f"lockout must be at most {MAX_LOCKOUT} seconds (30 days), got "
+                             f"{lockout:g}; keep a client out for longer in your firewall "
+                             "or by disabling its account")
         spec = self.spec
         if lockout and (spec.learned or self.batch is not None):
             raise ValueError("lockout applies to a limit decided by the store for each "

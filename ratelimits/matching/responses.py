@@ -39,6 +39,16 @@ class ResponseRule:
             return False
         return status in self.statuses or status // 100 in self.classes
 
+    def shared_with(self, other: ResponseRule) -> str:
+        """The statuses both rules name, as written ("4xx", "404, 429"); "" when none.
+        (Their signals never meet: one is a failed login, the other a login.)"""
+        codes = [c for c in range(100, 600) if self.matches(c, False) and other.matches(c, False)]
+        whole = sorted({c // 100 for c in codes if all(
+            self.matches(x, False) and other.matches(x, False)
+            for x in range(c // 100 * 100, c // 100 * 100 + 100))})
+        parts = [f"{k}xx" for k in whole] + [str(c) for c in codes if c // 100 not in whole]
+        return ", ".join(parts)
+
 
 def parse_responses(text: str, word: str) -> ResponseRule | None:
     """`text` as a rule whose signal word is `word`; None when it is empty; ValueError

@@ -279,6 +279,10 @@ def test_a_daily_quota_resets_at_local_midnight(client, make_policy, any_store, 
     ({"cost_function": "no.such.module.fn"}, "cost_function", "cannot be imported"),
     ({"cost_function": "."}, "cost_function", "cannot be imported (ValueError"),
     ({"cost_function": "ratelimits.conf.SETTINGS"}, "cost_function", "is not a function"),
+    ({"charge_on": "4xx", "reset_on": "4xx"}, "reset_on", "both name 4xx: each such"),
+    ({"charge_on": "401,403", "reset_on": "2xx,403"}, "reset_on", "both name 403:"),
+    ({"charge_on": "4xx,500", "reset_on": "404,5xx"}, "reset_on", "both name 404, 500:"),
+    ({"lockout": 2**40}, "lockout", "at most 2592000 seconds (30 days)"),
 ])
 def test_the_new_fields_are_refused_with_what_to_fix(fields, field, words):
     values = {"name": "p", "mode": "enforce", "algorithm": "fixed_window", "limit": 10,
