@@ -95,6 +95,31 @@ def rollout_error(key: str, rollout: object) -> str | None:
             "for a share of clients, count per client (ip, user, user_or_ip).")
 
 
+def reset_error(key: str, reset_on: str) -> str | None:
+    """What is wrong with clearing a count by `reset_on` under a policy counting by `key`,
+    or None. A reset clears the count of the client that got the response: under a key
+    that is not an account (an address, everyone, a header), an attacker gets such a
+    response for itself (it logs into an account of its own) and clears the count of its
+    guesses at someone else's."""
+    if not (reset_on or "").strip():
+        return None
+    try:
+        kind = KEY_KINDS[parse_key(key).kind]
+    except ValueError:
+        return None  # the key's own error says what to fix
+    if kind.names_account or kind.calls_code:  # a function of yours: its answer is yours
+        return None
+    who = ("every client, counted as one" if kind.name == "global" else
+           f"whoever sends the same {kind.name} value" if kind.client_sent else
+           "everyone behind one address" if kind.name == "ip" else
+           "clients that are not signed in by their address")
+    return (f"A reset clears the count of the client that got the response, and a key of "
+            f"{key!r} counts {who}: an attacker would get that response for itself (log "
+            f"into an account of its own, answer its own code) and clear the count of its "
+            f"guesses at other accounts. Clear reset_on, or count per account in a policy "
+            f"of its own: key user, or post:username on a login form.")
+
+
 def cost_function_error(path: str) -> str | None:
     """What is wrong with a cost function's dotted path, or None when it names a
     function."""
@@ -366,6 +391,9 @@ class Policy(models.Model):
         error = rollout_error(self.key, self.rollout)
         if error is not None:
             add("rollout", error)
+        error = reset_error(self.key, self.reset_on)
+        if error is not None:
+            add("reset_on", error)
         self._check_counted(add)
         self._check_learned(add)
         if (self.batch is not None and self.counting == Counting.PER_PROCESS

@@ -83,7 +83,8 @@ EXAMPLE_POLICIES = [
         "name": "admin-login-failures",
         "description": "Only failed logins count: 3 wrong passwords a minute per IP on the "
         "admin's login, then the address is locked out for 2 minutes. A right password "
-        "before that is never refused, and clears the count.",
+        "before that is never refused (nor does it clear the count: anyone with an "
+        "account of their own could).",
         "mode": "enforce",
         "algorithm": "sliding_log",
         "limit": 3,
@@ -92,7 +93,7 @@ EXAMPLE_POLICIES = [
         "path": "/admin/login/",
         "methods": "POST",
         "charge_on": "login_failed",
-        "reset_on": "login",
+        "reset_on": "",
         "lockout": 120,
     },
 ]

@@ -97,6 +97,10 @@ class KeyKind:
     #: Its value is whatever the client sends (a header, a parameter, a form field):
     #: anyone can send someone else's, so a lockout keyed by it can be aimed at them.
     client_sent: bool = False
+    #: Its identity is an account (the signed-in user, the username a login form posts),
+    #: so a response during which that account proved itself (`reset_on`) is its own:
+    #: a reset by any other key is one that some other client can cause.
+    names_account: bool = False
     #: The identity an access log line gives; None when a log cannot tell it.
     from_log: LogReader | None = None
     #: Its `from_log` reads the query string.
@@ -395,7 +399,7 @@ KEY_KINDS = KeyKinds([
     KeyKind("ip", _read_ip, "ip", from_log=lambda line, arg: line.ip, splittable=True,
             example="ip:203.0.113.7 or ip:203.0.113.0/24", typed=_typed_ip),
     KeyKind("user", _read_user, "user", reads_user=True, from_log=lambda line, arg: line.user,
-            splittable=True, example="user:42"),
+            splittable=True, example="user:42", names_account=True),
     KeyKind("user_or_ip", _read_user_or_ip, "user_or_ip", hashed=False, reads_user=True,
             from_log=lambda line, arg: line.user or line.ip, splittable=True,
             example="user:42 or ip:203.0.113.0/24", counts_as=("user", "ip"),
@@ -410,7 +414,7 @@ KEY_KINDS = KeyKinds([
             from_log=_query_from_log, log_query=True, aliases=("get",), normalizes=True),
     KeyKind("post", _read_post, "post:<field>", _query_name,
             "post: needs a form field name, e.g. post:username", client_sent=True,
-            normalizes=True),
+            normalizes=True, names_account=True),
     KeyKind("call", _read_call, "call:<dotted.path>", _dotted_path,
             "call: needs a dotted path to a function, e.g. call:myapp.keys.tenant",
             calls_code=True, not_in_log="a key function needs the live request"),

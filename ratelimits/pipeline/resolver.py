@@ -292,7 +292,7 @@ def compile_policy(policy: Any, overrides: Iterable[Any] = ()) -> CompiledPolicy
         rollout=_rollout(policy),
         overrides=_compile_overrides(policy, _overridable(policy, overrides)),
         charge_on=parse_responses(getattr(policy, "charge_on", ""), CHARGE_WORD),
-        reset_on=parse_responses(getattr(policy, "reset_on", ""), RESET_WORD),
+        reset_on=_reset_on(policy),
         cost_of=_cost_function(policy),
     )
 
@@ -331,6 +331,21 @@ def _rollout(policy: Any) -> int:
     logger.error("ratelimits: policy %r is enforced for no client until its rollout is "
                  "100: %s", policy.name, error)
     return 0
+
+
+def _reset_on(policy: Any) -> ResponseRule | None:
+    """The responses that clear a client's count under `policy`; none for a row saved
+    before `Policy.clean()` refused its reset (`models.reset_error`: a key that is not an
+    account), which would let any client clear the count of its guesses."""
+    from ratelimits.models import reset_error  # not at the top: see table_fingerprint
+
+    text = getattr(policy, "reset_on", "")
+    error = reset_error(policy.key, text)
+    if error is None:
+        return parse_responses(text, RESET_WORD)
+    logger.error("ratelimits: policy %r clears no count until its reset_on is cleared or "
+                 "its key counts per account: %s", policy.name, error)
+    return None
 
 
 def _overridable(policy: Any, overrides: Iterable[Any]) -> Iterable[Any]:

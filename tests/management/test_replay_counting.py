@@ -10,9 +10,10 @@ from tests.management.test_commands import by_name, replay, run
 pytestmark = pytest.mark.django_db
 
 
-def logged(status, minute=0, second=0, ip="10.0.0.1", hour=22, day=14, path="/login/"):
+def logged(status, minute=0, second=0, ip="10.0.0.1", hour=22, day=14, path="/login/",
+           user="-"):
     stamp = f"{day:02d}/Nov/2023:{hour:02d}:{minute:02d}:{second:02d} +0000"
-    return f'{ip} - - [{stamp}] "POST {path} HTTP/1.1" {status} 12 "-" "curl/8"\n'
+    return f'{ip} - {user} [{stamp}] "POST {path} HTTP/1.1" {status} 12 "-" "curl/8"\n'
 
 
 def test_replay_charges_only_the_statuses_charge_on_names(tmp_path, make_policy):
@@ -25,11 +26,11 @@ def test_replay_charges_only_the_statuses_charge_on_names(tmp_path, make_policy)
 
 
 def test_replay_resets_on_the_statuses_reset_on_names(tmp_path, make_policy):
-    make_policy(name="login-ip", path="/login/", limit=2, period=900, charge_on="4xx",
-                reset_on="302")
-    statuses = [401, 302, 401, 401, 401]  # the 302 clears the first failure
-    lines = [logged(code, second=s) for s, code in enumerate(statuses)]
-    p = by_name(replay(tmp_path, lines))["login-ip"]
+    make_policy(name="otp-user", key="user", path="/login/", limit=2, period=900,
+                charge_on="4xx", reset_on="204")
+    statuses = [401, 204, 401, 401, 401]  # the 204 clears the first failure
+    lines = [logged(code, second=s, user="alice") for s, code in enumerate(statuses)]
+    p = by_name(replay(tmp_path, lines))["otp-user"]
     assert p["refused"] == 1  # only the last: two failures since the reset
 
 
@@ -65,7 +66,7 @@ def test_replay_reads_the_status_of_json_lines(tmp_path, make_policy):
 @pytest.mark.parametrize(("fields", "why"), [
     ({"charge_on": "login_failed"},
      "charge_on: an access log does not say whether a login failed"),
-    ({"reset_on": "login", "charge_on": "4xx"},
+    ({"reset_on": "login", "charge_on": "4xx", "key": "user"},
      "reset_on: an access log does not say whether a login succeeded"),
     ({"cost_function": "tests.pipeline.test_counting.rows_asked"},
      "cost_function: an access log does not hold the request its cost is computed from"),

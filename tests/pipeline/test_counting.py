@@ -77,6 +77,61 @@ def test_a_login_resets_the_count(client, make_policy, any_store, alice):
     assert attempt(client, "wrong") == 429
 
 
+# -- a reset is the account's own -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "reset_on", "who"), [
+    ("ip", "login", "everyone behind one address"),
+    ("global", "2xx", "every client, counted as one"),
+    ("user_or_ip", "login", "clients that are not signed in by their address"),
+    ("header:X-Device", "204", "whoever sends the same header value"),
+    ("query:account", "login", "whoever sends the same query value"),
+])
+def test_a_reset_any_client_can_cause_is_refused(key, reset_on, who):
+    policy = Policy(name="login-failures", mode="enforce", algorithm="sliding_log",
+                    limit=20, period=900, key=key, path=LOGIN, methods="POST",
+                    charge_on="login_failed", reset_on=reset_on)
+    with pytest.raises(ValidationError) as caught:
+        policy.full_clean()
+    (message,) = caught.value.message_dict["reset_on"]
+    assert f"a key of {key!r} counts {who}: an attacker would get that response" in message
+    assert "key user, or post:username on a login form" in message
+
+
+@pytest.mark.parametrize("key", ["user", "post:username", "call:tests.support.hooks.tenant"])
+def test_a_reset_by_the_account_itself_is_accepted(key):
+    Policy(name="login-failures", mode="enforce", algorithm="sliding_log", limit=5,
+           period=900, key=key, path=LOGIN, methods="POST", charge_on="login_failed",
+           reset_on="login").full_clean()
+
+
+def test_a_reset_keyed_by_the_address_is_refused_in_code():
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="reset_on: A reset clears the count"):
+        ratelimit(name="otp-by-address", rate="3/10m", key="ip", charge_on="401",
+                  reset_on="2xx")
+
+
+def test_an_own_login_no_longer_clears_a_stored_per_address_count(
+    client, any_store, alice, django_user_model, django_capture_on_commit_callbacks
+):
+    """A row saved before such resets were refused: an attacker who logs into its own
+    account after every 19 guesses at alice's would never meet the limit of 20."""
+    django_user_model.objects.create_user("mallory", password="mallorys-own")
+    policy = Policy(name="login-per-address", mode="enforce", algorithm="sliding_log",
+                    limit=20, period=900, key="ip", path=LOGIN, methods="POST",
+                    charge_on="login_failed", reset_on="login", lockout=3600)
+    with django_capture_on_commit_callbacks(execute=True):
+        policy.save()  # as stored before: no full_clean()
+    guesses = []
+    for _ in range(25):
+        guesses += [attempt(Client(), "guess") for _ in range(19)]
+        attempt(Client(), "mallorys-own", username="mallory")
+    assert guesses.count(200) == 20  # then the address is locked out
+    assert set(guesses[20:]) == {429}
+
+
 def test_status_classes_charge_drf_token_failures_through_the_throttle(
     make_policy, any_store, alice, settings
 ):
@@ -347,7 +402,7 @@ def test_status_and_the_admin_list_show_what_was_charged_after_the_response(
 
 
 def test_a_per_process_policy_charges_failures_in_its_process(client, make_policy, alice):
-    make_policy(name="login-node", key="ip", path=LOGIN, methods="POST", limit=2,
+    make_policy(name="login-node", key="post:username", path=LOGIN, methods="POST", limit=2,
                 period=900, counting="per_process", charge_on="login_failed",
                 reset_on="login")
     assert attempt(client, "wrong") == 200

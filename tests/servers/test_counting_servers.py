@@ -29,7 +29,7 @@ def site(tmp_path, private_redis):
              "get_user_model().objects.create_superuser('alice', 'a@example.com', 'right')")
     site.policy(name="admin-login-failures", mode="enforce", algorithm="sliding_log",
                 limit=2, period=60, key="ip", path=LOGIN, methods="POST",
-                charge_on="login_failed", reset_on="login", lockout=600)
+                charge_on="login_failed", lockout=600)
     yield site
     site.stop()
 

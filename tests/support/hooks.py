@@ -21,3 +21,8 @@ def failing_key(request):
 
 def tenant_key(request):
     return request.headers["X-Tenant"]  # KeyError without the header: the key fails
+
+
+def tenant(request):
+    """A `call:` key: the account a request names."""
+    return request.POST.get("username")
