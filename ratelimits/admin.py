@@ -22,9 +22,15 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import escape, format_html
 
-from ratelimits.checks import LOCKOUT_HINT, admin_index, lockout_message, locks_out_admin
+from ratelimits.checks import (
+    LOCKOUT_HINT,
+    admin_index,
+    aimed_lockout_message,
+    aims_lockout,
+    lockout_message,
+    locks_out_admin,
+)
 from ratelimits.engine.registry import BURST_ALGORITHMS, LEARNED_ALGORITHMS, REGISTRY
-from ratelimits.matching.keykinds import KEY_KINDS, parse_key
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import dashboard, observe, routes
 from ratelimits.ops.reset import reset_client
@@ -230,7 +236,7 @@ class PolicyAdmin(_ModelAdmin):
     def save_model(self, request: Any, obj: Policy, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         _warn_lockout(self, request, [obj])
-        if obj.lockout and _aimable(obj.key):
+        if aims_lockout(obj):
             self.message_user(request, aimed_lockout_message(obj), messages.WARNING)
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
@@ -436,21 +442,6 @@ def _declared_on(policy: Policy, found: list[routes.Route] | None) -> str:
 
 def _change_url(policy: Policy) -> str:
     return reverse("admin:ratelimits_policy_change", args=[policy.pk])
-
-
-def _aimable(key: str) -> bool:
-    """Whether a lockout by `key` can be aimed at someone else: its value is what the
-    client sends, or a function of yours reads the request (it may read such a value)."""
-    kind = KEY_KINDS[parse_key(key).kind]
-    return kind.client_sent or kind.calls_code
-
-
-def aimed_lockout_message(policy: Policy) -> str:
-    """The warning for a lockout an attacker can aim at someone else."""
-    return (f"Policy {policy.name!r} locks out by {policy.key}, a value the client sends: "
-            f"anyone who sends a victim's value (a username) can lock a victim out for "
-            f"{policy.lockout} s, as often as they like. Lock out per IP address and count "
-            "per username without a lockout (the login recipe in the docs shows the pair).")
 
 
 def _warn_lockout(model_admin: Any, request: Any, policies: list[Policy]) -> None:

@@ -12,6 +12,9 @@ ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator 
                  to undo it (a database check)
 ratelimits.W005  an enforced policy makes requests wait for their turn: a worker that
                  serves one request at a time refuses them instead (a database check)
+ratelimits.W008  a limit declared in code locks out by a value the client sends: anyone
+                 can aim its lockout at someone else (the admin warns of such a policy
+                 when it is saved)
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
 ratelimits.W010  DRF's NUM_PROXIES is set, which the compat throttles do not read (they
                  read the client as the ip key does), and no TRUSTED_PROXIES are
@@ -24,6 +27,7 @@ and how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -327,3 +331,58 @@ def check_drf_client_ip(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         "PROXY_HEADER to the header they set); or set RATELIMITS['DRF_CLIENT_IP'] = "
         "'num_proxies' to count clients as DRF's get_ident() does.",
         id="ratelimits.W010")]
+
+# -- lockouts an attacker can aim ------------------------------------------------------
+
+
+def aims_lockout(policy: Any) -> bool:
+    """Whether `policy`'s lockout can be aimed at someone else: its key's value is what
+    the client sends, or a function of yours reads the request (it may read such a
+    value)."""
+    from ratelimits.matching.keykinds import KEY_KINDS, parse_key
+
+    if not policy.lockout:
+        return False
+    try:
+        kind = KEY_KINDS[parse_key(policy.key).kind]
+    except ValueError:
+        return False  # its own check says what is wrong with the key
+    return kind.client_sent or kind.calls_code
+
+
+def aimed_lockout_message(policy: Any) -> str:
+    """The warning for a lockout an attacker can aim at someone else."""
+    return (f"Policy {policy.name!r} locks out by {policy.key}, a value the client sends: "
+            f"anyone who sends a victim's value (a username) can lock a victim out for "
+            f"{policy.lockout} s, as often as they like. Lock out per IP address and count "
+            "per username without a lockout (the login recipe in the docs shows the pair).")
+
+
+#: What to do about a declared limit that `aims_lockout`.
+AIMED_HINT = (
+    "Set lockout=0 on this @ratelimit and declare a lockout per address (key=\"ip\") "
+    "beside it. If the lockout is meant (the value is a secret only its owner sends), "
+    "silence ratelimits.W008."
+)
+
+
+@checks.register()
+def check_declared_lockouts(app_configs: Any = None, **kwargs: Any
+                            ) -> list[checks.CheckMessage]:
+    """Limits declared in code (`@ratelimit`) whose lockout `aims_lockout`, as the admin
+    warns when an operator saves such a policy. The URLconf is loaded first: the views it
+    imports declare their limits as they are imported."""
+    from django.urls import get_resolver
+
+    from ratelimits.pipeline.declared import registry
+
+    # Django's own URL check reports a URLconf that fails to load
+    with contextlib.suppress(Exception):
+        get_resolver().url_patterns  # noqa: B018 - loaded for its views' declarations
+    return [
+        checks.Warning(f"{aimed_lockout_message(policy)} It is declared in code with "
+                       f"@ratelimit(name={policy.name!r}).", hint=AIMED_HINT, obj=policy.name,
+                       id="ratelimits.W008")
+        for policy in (d.policy() for d in list(registry.declared.values()))
+        if aims_lockout(policy)
+    ]

@@ -210,3 +210,31 @@ def test_drf_client_ip_takes_one_of_two_values():
     with override_settings(RATELIMITS={"DRF_CLIENT_IP": "drf"}):
         (msg,) = messages("ratelimits.E001")
     assert "'trusted_proxies'" in msg.msg and "'num_proxies'" in msg.msg
+
+
+# -- W008: a lockout declared in code that anyone can aim ----------------------------------
+
+
+@pytest.mark.parametrize(("key", "warned"), [
+    ("post:username", True), ("query:email", True), ("header:X-Account", True),
+    ("ip", False), ("user", False),
+])
+def test_w008_a_declared_lockout_keyed_by_what_the_client_sends(forget_declarations, key,
+                                                               warned):
+    from ratelimits.decorators import ratelimit
+
+    ratelimit(name="login-locked", rate="5/15m", key=key, lockout=3600)
+    found = messages("ratelimits.W008")
+    assert [m.obj for m in found] == (["login-locked"] if warned else [])
+    if warned:
+        assert found[0].msg.startswith(f"Policy 'login-locked' locks out by {key}, a value "
+                                       "the client sends: anyone who sends a victim's value")
+        assert "declared in code with @ratelimit(name='login-locked')" in found[0].msg
+        assert "silence ratelimits.W008" in found[0].hint
+
+
+def test_w008_without_a_lockout_is_quiet(forget_declarations):
+    from ratelimits.decorators import ratelimit
+
+    ratelimit(name="login-counted", rate="5/15m", key="post:username")
+    assert "ratelimits.W008" not in ids()
