@@ -122,16 +122,37 @@ def reset_error(key: str, reset_on: str) -> str | None:
 
 def cost_function_error(path: str) -> str | None:
     """What is wrong with a cost function's dotted path, or None when it names a
-    function."""
+    function of the request."""
+    return request_function_error(path, "myapp.costs.rows_asked")
+
+
+def request_function_error(path: str, example: str) -> str | None:
+    """What is wrong with the dotted path of a function the request path calls with the
+    request (a cost function, a `call:` key), or None. Only a function written in Python
+    that takes the request as its one argument: a builtin or a class may do anything
+    with it (`sys.exit` stops the worker), and a wrong signature fails every request."""
+    import inspect
+
     from django.utils.module_loading import import_string
 
+    shown = repr(path[:100])
     try:
         found = import_string(path)
     except Exception as exc:  # ImportError, ValueError ("."), the module's own errors
-        return (f"{path[:100]!r} cannot be imported ({type(exc).__name__}: {exc}); give "
-                "the dotted path to a function of the request, e.g. myapp.costs.rows_asked.")
+        return (f"{shown} cannot be imported ({type(exc).__name__}: {exc}); give the dotted "
+                f"path to a function of the request, e.g. {example}.")
     if not callable(found):
-        return f"{path[:100]!r} is not a function; give a function of the request."
+        return f"{shown} is not a function; give a function of the request, e.g. {example}."
+    if not inspect.isfunction(found):
+        what = ("a builtin" if inspect.isbuiltin(found) else
+                "a class" if inspect.isclass(found) else f"a {type(found).__name__}")
+        return (f"{shown} is {what}, not a function written in Python; give a module-level "
+                f"function that takes the request (def name(request): ...), e.g. {example}.")
+    try:
+        inspect.signature(found).bind(object())
+    except TypeError:
+        return (f"{shown} takes {inspect.signature(found)}: it must take the request as its "
+                f"one argument (def name(request): ...), e.g. {example}.")
     return None
 
 
@@ -378,22 +399,11 @@ class Policy(models.Model):
         if self.scope and not _SCOPE.match(self.scope):
             add("scope", "Use letters, digits, '_', '-', '.' or ':' as in DRF's throttle_scope.")
         self.path = (self.path or "").strip()
-        self.key = (self.key or "").strip()
-        try:
-            parse_key(self.key)
-        except ValueError as exc:
-            add("key", str(exc))
         try:
             PathPattern(self.path)
         except ValueError as exc:
             add("path", str(exc))
-
-        error = rollout_error(self.key, self.rollout)
-        if error is not None:
-            add("rollout", error)
-        error = reset_error(self.key, self.reset_on)
-        if error is not None:
-            add("reset_on", error)
+        self._check_key(add)
         self._check_counted(add)
         self._check_learned(add)
         if (self.batch is not None and self.counting == Counting.PER_PROCESS
@@ -406,6 +416,23 @@ class Policy(models.Model):
         self._check_rate(add)
         if errors:
             raise ValidationError(errors)
+
+    def _check_key(self, add: Any) -> None:
+        """The key, and what it must be for a rollout, a reset or a function of yours."""
+        self.key = (self.key or "").strip()
+        try:
+            spec = parse_key(self.key)
+        except ValueError as exc:
+            add("key", str(exc))
+        else:
+            error = (request_function_error(spec.arg, "call:myapp.keys.tenant")
+                     if spec.kind == "call" else None)
+            if error is not None:
+                add("key", error)
+        for field, error in (("rollout", rollout_error(self.key, self.rollout)),
+                             ("reset_on", reset_error(self.key, self.reset_on))):
+            if error is not None:
+                add(field, error)
 
     def _check_counted(self, add: Any) -> None:
         """What is charged: the responses (`charge_on`, `reset_on`), the cost function,

@@ -328,7 +328,9 @@ def call_reader(name: str, request: Any) -> Any:
         )
     try:
         value = reader(request)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a key function never stops the worker
         raise IdentityError(f"the key function of {name!r} raised {type(exc).__name__}: "
                             f"{exc}") from exc
     return value if value is None or isinstance(value, str) else str(value)
@@ -340,7 +342,9 @@ def call_function(path: str, request: Any) -> Any:
     try:
         value = function(request)
         return value if value is None or isinstance(value, str) else str(value)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a key function never stops the worker
         raise IdentityError(f"{path} raised {type(exc).__name__}: {exc}") from exc
 
 
@@ -360,7 +364,9 @@ def _load(path: str) -> Callable[[Any], Any]:
     """Import lazily (not at parse time) and once; failures are retried on the next call."""
     try:
         return _load_cached(path)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a module that exits as it is imported, too
         raise IdentityError(
             f"call:{path} could not be loaded: {type(exc).__name__}: {exc}"
         ) from exc

@@ -91,7 +91,11 @@ def cost_of(request: Any, policy: Any, limit: Limit) -> int:
     and the policy's own cost charged."""
     try:
         cost = policy.cost_of(getattr(request, "_request", request))
-    except Exception:
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        # SystemExit, GeneratorExit too: a function of the user's must not stop the
+        # worker, nor turn the request into a 500
         logger.exception("ratelimits: policy %r: its cost function failed; charged the "
                          "policy's cost, %s", policy.name, limit.cost)
         return limit.cost

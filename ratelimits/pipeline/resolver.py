@@ -306,17 +306,17 @@ def _cost_function(policy: Any) -> Callable[[Any], Any] | None:
     declaration = registry.declared.get(policy.name) if policy.declared else None
     if declaration is not None and declaration.cost_of is not None:
         return declaration.cost_of
+    from ratelimits.models import cost_function_error  # not at the top: see table_fingerprint
+
     path = (getattr(policy, "cost_function", "") or "").strip()
     if not path:
         return None
-    try:
-        found = import_string(path)
-    except Exception as exc:  # ImportError, ValueError ("."), the module's own errors
-        logger.error("ratelimits: policy %r: its cost function %r cannot be imported (%s); "
-                     "each request is charged the policy's cost, %s", policy.name, path, exc,
-                     policy.cost)
+    error = cost_function_error(path)  # also for a row saved before the shape was checked
+    if error is not None:
+        logger.error("ratelimits: policy %r: its cost function is not used: %s Each request "
+                     "is charged the policy's cost, %s.", policy.name, error, policy.cost)
         return None
-    return found if callable(found) else None
+    return import_string(path)  # type: ignore[no-any-return]  # a function, checked above
 
 
 def _rollout(policy: Any) -> int:

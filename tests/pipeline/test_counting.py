@@ -241,6 +241,31 @@ def test_a_wrong_cost_is_logged_and_the_policy_cost_charged(client, make_policy,
     assert fresh.get("/hello/?rows=1").status_code == 429
 
 
+def test_a_stored_builtin_cost_function_is_not_called(
+    client, any_store, caplog, django_capture_on_commit_callbacks
+):
+    """A row saved before the function's shape was checked: `sys.exit` would stop the
+    worker on every request the policy matches, even in shadow."""
+    policy = Policy(name="export", mode="shadow", algorithm="fixed_window", limit=100,
+                    period=3600, key="ip", path="/hello/", cost_function="sys.exit")
+    with django_capture_on_commit_callbacks(execute=True):
+        policy.save()  # no full_clean(), as before
+    with caplog.at_level(logging.ERROR, logger="ratelimits"):
+        assert [client.get("/hello/").status_code for _ in range(2)] == [200, 200]
+    assert any("its cost function is not used: 'sys.exit' is a builtin" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_cost_function_raising_system_exit_is_a_failing_function(
+    client, make_policy, any_store, caplog
+):
+    make_policy(name="export", path="/hello/", limit=3, period=3600,
+                cost_function="tests.support.hooks.exits")
+    with caplog.at_level(logging.ERROR, logger="ratelimits"):
+        assert [client.get("/hello/").status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert any("its cost function failed" in r.getMessage() for r in caplog.records)
+
+
 _factory = RequestFactory()
 
 
@@ -334,6 +359,13 @@ def test_a_daily_quota_resets_at_local_midnight(client, make_policy, any_store, 
     ({"cost_function": "no.such.module.fn"}, "cost_function", "cannot be imported"),
     ({"cost_function": "."}, "cost_function", "cannot be imported (ValueError"),
     ({"cost_function": "ratelimits.conf.SETTINGS"}, "cost_function", "is not a function"),
+    ({"cost_function": "sys.exit"}, "cost_function",
+     "'sys.exit' is a builtin, not a function written in Python; give a module-level"),
+    ({"cost_function": "collections.OrderedDict"}, "cost_function", "is a class, not a"),
+    ({"cost_function": "tests.support.hooks.teapot"}, "cost_function",
+     "takes (request, rejection): it must take the request as its one argument"),
+    ({"key": "call:sys.exit"}, "key", "'sys.exit' is a builtin, not a function written in"),
+    ({"key": "call:no_such_module_xyz.fn"}, "key", "cannot be imported (ModuleNotFound"),
     ({"charge_on": "4xx", "reset_on": "4xx"}, "reset_on", "both name 4xx: each such"),
     ({"charge_on": "401,403", "reset_on": "2xx,403"}, "reset_on", "both name 403:"),
     ({"charge_on": "4xx,500", "reset_on": "404,5xx"}, "reset_on", "both name 404, 500:"),

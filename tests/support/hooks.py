@@ -26,3 +26,9 @@ def tenant_key(request):
 def tenant(request):
     """A `call:` key: the account a request names."""
     return request.POST.get("username")
+
+
+def exits(request):
+    """A function of the request, of the right shape, that stops the process it runs in
+    (as `sys.exit` would)."""
+    raise SystemExit(f"exiting on {request.path}")
