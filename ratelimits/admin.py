@@ -31,6 +31,7 @@ from ratelimits.checks import (
     locks_out_admin,
 )
 from ratelimits.engine.registry import BURST_ALGORITHMS, LEARNED_ALGORITHMS, REGISTRY
+from ratelimits.matching.overrides import parse_match
 from ratelimits.models import Mode, Override, Policy, PolicyDashboard
 from ratelimits.ops import dashboard, observe, routes
 from ratelimits.ops.reset import reset_client
@@ -238,6 +239,13 @@ class PolicyAdmin(_ModelAdmin):
         _warn_lockout(self, request, [obj])
         if aims_lockout(obj):
             self.message_user(request, aimed_lockout_message(obj), messages.WARNING)
+
+    def save_formset(self, request: Any, form: Any, formset: Any, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        for row in formset.forms:
+            override = row.instance
+            if override.pk is not None and not row.cleaned_data.get("DELETE"):
+                _warn_exempt_everyone(self, request, override)
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         # a declared row comes back at the next start: switch it off instead
@@ -456,6 +464,32 @@ def _warn_lockout(model_admin: Any, request: Any, policies: list[Policy]) -> Non
                                      messages.WARNING)
 
 
+def exempts_everyone(override: Override) -> int | None:
+    """The IP version (4 or 6) of whose every client an exempt override of a /0 network
+    takes out of its policy, or None: such a row switches the policy off for a whole
+    address family, yet reads like a small exception in the list."""
+    if not override.exempt or "/" not in override.match:
+        return None
+    try:
+        match = parse_match(override.policy.key, override.match)
+    except ValueError:
+        return None
+    if match.kind != "network" or match.value.prefixlen:
+        return None
+    return int(match.value.version)
+
+
+def _warn_exempt_everyone(model_admin: Any, request: Any, override: Override) -> None:
+    version = exempts_everyone(override)
+    if version is not None:
+        model_admin.message_user(request, (
+            f"The override {override.match!r} exempts every IPv{version} client from the "
+            f"policy {override.policy.name!r}: it no longer limits anyone who reaches it "
+            f"over IPv{version}. To stop limiting, switch the policy off or to shadow; to "
+            "exempt some clients, name their network (e.g. ip:10.0.0.0/8)."),
+            messages.WARNING)
+
+
 @admin.register(PolicyDashboard)
 class PolicyDashboardAdmin(_ModelAdmin):
     """An entry on the admin index that opens the dashboard."""
@@ -509,6 +543,10 @@ class OverrideAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("match", "note", "policy__name")
     list_select_related = ("policy",)
     fields = ("policy", "match", "exempt", "limit", "burst", "expires", "note")
+
+    def save_model(self, request: Any, obj: Override, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        _warn_exempt_everyone(self, request, obj)
 
     @admin.display(description="gives")
     def gives(self, obj: Override) -> str:

@@ -384,6 +384,19 @@ class Policy(models.Model):
         if errors:
             raise ValidationError(errors)
 
+    def validate_unique(self, exclude: Any = None) -> None:
+        """Unique names, ignoring case as well: `Login` beside `login` would be two
+        policies that logs, headers and metrics cannot tell apart at a glance."""
+        super().validate_unique(exclude)
+        if "name" in (exclude or ()) or not isinstance(self.name, str) or not self.name:
+            return
+        other = (Policy.objects.filter(name__iexact=self.name).exclude(pk=self.pk)
+                 .values_list("name", flat=True).first())
+        if other is not None and other != self.name:  # the same name: the field says so
+            raise ValidationError({"name": [
+                f"A policy named {other!r} exists; names may not differ only in case. "
+                "Choose another name, or change that policy."]})
+
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
 
@@ -677,6 +690,40 @@ class Override(models.Model):
             self._check_limit(policy, add)
         if errors:
             raise ValidationError(errors)
+
+    def validate_unique(self, exclude: Any = None) -> None:
+        """One override per set of clients: `ip:10.1.2.3/8` is `ip:10.0.0.0/8`, and
+        `ip:2001:db8::1` and `ip:2001:db8::2` are one /64 client. Two such rows would
+        leave the policy to choose between them (the more generous would apply)."""
+        super().validate_unique(exclude)
+        same = self.same_clients() if "match" not in (exclude or ()) else None
+        if same is not None:
+            raise ValidationError({"match": [
+                f"This policy already has an override for the same clients, "
+                f"{same!r}: change that one, or delete it first."]})
+
+    def same_clients(self) -> str | None:
+        """The match of another override of this policy for the same clients, or None."""
+        try:
+            policy = self.policy
+        except Policy.DoesNotExist:
+            return None
+        prefix = setting_or_default("IPV6_PREFIX")
+        try:
+            mine = parse_match(policy.key, self.match, prefix)
+        except ValueError:
+            return None  # clean() says what is wrong with it
+        # the same text is the unique constraint's to refuse (its message is the admin's)
+        others = Override.objects.filter(policy=policy).exclude(pk=self.pk).exclude(
+            match=self.match)
+        kind = (self.match or "").partition(":")[0]
+        for match in others.filter(match__startswith=kind).values_list("match", flat=True):
+            try:
+                if parse_match(policy.key, match, prefix) == mine:
+                    return match
+            except ValueError:
+                continue  # a row the policy's key no longer takes
+        return None
 
     def _check_limit(self, policy: Policy, add: Any) -> None:
         """The policy's rules, on the policy with this override's limit and burst."""

@@ -8,11 +8,13 @@ tier `RATELIMITS["TIER"]` gives a request. Each policy's overrides compile into 
 lookup for an exact identity, one lookup per distinct prefix length for networks
 (longest first), one per group or tier.
 
-Precedence, for one client under one policy:
-
-1. an exemption that matches it, at any level, wins (the policy skips the client);
-2. else the most specific limit: an exact identity, then the longest network that holds
-   the client's address, then its groups and its tier, the most generous of those.
+Precedence, for one client under one policy: the most specific override that matches
+it wins, exempt or not: an exact identity, then the longest network that holds the
+client's address, then its groups and its tier, the most generous of those (an
+exemption before any limit). So `ip:10.0.0.0/8` exempt with `ip:10.1.2.3` limited to 1
+exempts the network but that one address. Two overrides of the same clients (which
+`Override.clean()` refuses: rows saved before it did) are a tie, and the more generous
+applies.
 
 An override whose `expires` has passed stops applying at that moment, without an edit.
 """
@@ -73,6 +75,12 @@ def _network(value: str, ipv6_prefix: int) -> ipaddress.IPv4Network | ipaddress.
     except ValueError:
         raise ValueError(f"{value!r} is not a network; write e.g. ip:203.0.113.0/24 or "
                          "ip:2001:db8::/48") from None
+    address = ipaddress.ip_address(value.partition("/")[0])
+    if address != network.network_address:
+        # 10.1.2.3/8 is 10.0.0.0/8: a typo for the one address, or for the network?
+        raise ValueError(f"{value!r} has bits set past its /{network.prefixlen}: the "
+                         f"network it falls in is {network}; write ip:{network} for that "
+                         f"network, or ip:{address} for the one address")
     if network.version == 6 and network.prefixlen > ipv6_prefix:
         raise ValueError(f"IPv6 clients are counted per /{ipv6_prefix} (IPV6_PREFIX): "
                          f"write a prefix of /{ipv6_prefix} or shorter")
@@ -107,9 +115,6 @@ class OverrideTable:
     networks: dict[int, list[tuple[int, int, dict[int, Rule]]]] = field(default_factory=dict)
     groups: dict[str, Rule] = field(default_factory=dict)
     tiers: dict[str, Rule] = field(default_factory=dict)
-    #: whether an exemption hides among networks, groups or tiers (an exact match must
-    #: then look further; without one, an exact match ends the search)
-    exempt_beyond_exact: bool = False
     #: per IP version, (shift, the networks' addresses shifted by it): the shortest
     #: prefix of them all, so an address outside every network costs one lookup
     coarse: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
@@ -119,18 +124,13 @@ class OverrideTable:
         table = cls()
         by_length: dict[tuple[int, int], dict[int, Rule]] = {}
         for match, rule in pairs:
-            if match.kind == "exact":
-                table.exact[match.value] = rule
-                continue
-            table.exempt_beyond_exact |= rule.exempt
             if match.kind == "network":
                 net = match.value
-                by_length.setdefault((net.version, net.prefixlen), {})[
-                    int(net.network_address)] = rule
-            elif match.kind == GROUP:
-                table.groups[match.value] = rule
+                _keep(by_length.setdefault((net.version, net.prefixlen), {}),
+                      int(net.network_address), rule)
             else:
-                table.tiers[match.value] = rule
+                _keep({"exact": table.exact, GROUP: table.groups}.get(match.kind, table.tiers),
+                      match.value, rule)
         for (version, length), rules in sorted(by_length.items(), key=lambda kv: -kv[0][1]):
             bits = 32 if version == 4 else 128
             table.networks.setdefault(version, []).append((length, bits - length, rules))
@@ -145,22 +145,14 @@ class OverrideTable:
         """The override that applies to `identity` at `now`, by the precedence above;
         `groups()` and `tier()` are asked only when this policy has such overrides."""
         rule = self.exact.get(identity)
-        if rule is not None and not rule.live(now):
-            rule = None
-        if rule is not None and (rule.exempt or not self.exempt_beyond_exact):
+        if rule is not None and rule.live(now):
             return rule  # nothing less specific can win over it
-        networks = (self._in_networks(identity[3:]) if self.networks
-                    and identity.startswith("ip:") else iter(()))
-        if not self.exempt_beyond_exact:  # the most specific match wins: stop at it
-            found = next((r for r in networks if r.live(now)), None)
+        if self.networks and identity.startswith("ip:"):
+            found = next((r for r in self._in_networks(identity[3:]) if r.live(now)), None)
             if found is not None:
                 return found
-            shared = [r for r in self._shared(groups, tier) if r.live(now)]
-            return max(shared, key=Rule.generosity) if shared else None
-        ordered = ([] if rule is None else [rule]) + [r for r in networks if r.live(now)]
-        ordered += sorted((r for r in self._shared(groups, tier) if r.live(now)),
-                          key=Rule.generosity, reverse=True)
-        return next((r for r in ordered if r.exempt), ordered[0] if ordered else None)
+        shared = [r for r in self._shared(groups, tier) if r.live(now)]
+        return max(shared, key=Rule.generosity) if shared else None
 
     def _shared(self, groups: Callable[[], Iterable[str]],
                 tier: Callable[[], str | None]) -> list[Rule]:
@@ -187,6 +179,14 @@ class OverrideTable:
                 rule = rules.get(value >> shift << shift)
                 if rule is not None:
                     yield rule
+
+
+def _keep(slot: dict[Any, Rule], at: Any, rule: Rule) -> None:
+    """Put `rule` at `at`, unless a more generous one is there: of two overrides of the
+    same clients, the more generous applies, whatever order the rows come in."""
+    known = slot.get(at)
+    if known is None or (rule.generosity(), -rule.id) > (known.generosity(), -known.id):
+        slot[at] = rule
 
 
 def _address(text: str) -> tuple[int, int, int] | None:

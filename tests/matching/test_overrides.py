@@ -49,6 +49,10 @@ def test_each_match_kind_parses_in_the_policys_key_terms(key, text, parsed):
         ("ip", "ip:203.0.113.0/33", "is not a network; write e.g. ip:203.0.113.0/24"),
         ("ip", "ip:not-an-address", "is not an IP address"),
         ("ip", "ip:2001:db8::/96", "IPv6 clients are counted per /64"),
+        ("ip", "ip:10.1.2.3/8", "'10.1.2.3/8' has bits set past its /8: the network it "
+         "falls in is 10.0.0.0/8; write ip:10.0.0.0/8 for that network, or ip:10.1.2.3 for "
+         "the one address"),
+        ("ip", "ip:2001:db8::1/48", "the network it falls in is 2001:db8::/48"),
         ("ip", "group:staff", "group: matches users; this policy counts by ip"),
         ("user", "header:x", "write e.g. user:42, group:<Django group> or tier:<name>"),
         ("user", "tier:", "write the kind and the value"),
@@ -96,10 +100,31 @@ def test_ipv6_clients_fall_in_networks_by_their_64():
     assert find(t, "ip:2001:db9::/64") is None
 
 
-def test_an_exemption_wins_over_any_limit():
-    t = table(("ip", "ip:203.0.113.7", rule(1, limit=50)),
-              ("ip", "ip:203.0.113.0/24", rule(2, exempt=True)))
-    assert find(t, "ip:203.0.113.7").exempt
+def test_the_most_specific_match_wins_exempt_or_not():
+    t = table(("ip", "ip:10.0.0.0/8", rule(1, exempt=True)),
+              ("ip", "ip:10.1.0.0/16", rule(2, limit=5)),
+              ("ip", "ip:10.1.2.3", rule(3, limit=1)),
+              ("ip", "ip:10.1.2.0/24", rule(4, exempt=True)))
+    assert find(t, "ip:10.9.9.9").exempt  # only the /8 holds it
+    assert find(t, "ip:10.1.9.9").id == 2  # the /16 is more specific than the exempt /8
+    assert find(t, "ip:10.1.2.3").id == 3  # the address itself
+    assert find(t, "ip:10.1.2.4").id == 4  # the exempt /24 inside the limited /16
+
+
+def test_of_two_overrides_of_the_same_clients_the_more_generous_applies():
+    """Rows stored before a second override of the same clients was refused; the order
+    the rows come in does not matter."""
+    pairs = [(Match("network", ipaddress.ip_network("10.0.0.0/8")), rule(1, exempt=True)),
+             (Match("network", ipaddress.ip_network("10.0.0.0/8")), rule(2, limit=1)),
+             (Match("exact", "ip:10.1.2.3"), rule(3, limit=1)),
+             (Match("exact", "ip:10.1.2.3"), rule(4, limit=9)),
+             (Match("tier", "gold"), rule(5, limit=7)),
+             (Match("tier", "gold"), rule(6, limit=7))]
+    for ordered in (pairs, pairs[::-1]):
+        t = OverrideTable.of(ordered)
+        assert find(t, "ip:10.9.9.9").id == 1  # exempt over a limit
+        assert find(t, "ip:10.1.2.3").id == 4  # the higher limit
+        assert find(t, "ip:192.0.2.1", tier="gold").id == 5  # equal: the older row
 
 
 def test_the_most_generous_of_groups_and_tier_applies():
@@ -273,3 +298,72 @@ def test_an_override_saved_in_the_admin_applies_at_the_next_request(
             "expires_0": "", "expires_1": "", "note": "raised for a demo"})
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert statuses(client, 3, REMOTE_ADDR="203.0.113.7") == [200, 200, 429]
+
+
+# -- overlapping overrides ------------------------------------------------------------------
+
+
+def test_a_network_with_host_bits_is_refused_naming_the_network(make_policy):
+    policy = make_policy(name="per-ip", limit=5)
+    with pytest.raises(ValidationError) as info:
+        Override(policy=policy, match="ip:10.1.2.3/8", limit=1).full_clean()
+    (message,) = info.value.message_dict["match"]
+    assert "the network it falls in is 10.0.0.0/8; write ip:10.0.0.0/8" in message
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("ip:2001:db8:1:2::1", "ip:2001:db8:1:2::99"),  # one /64 client
+    ("ip:2001:db8::/48", "ip:2001:DB8:0::/48"),
+])
+def test_a_second_override_of_the_same_clients_is_refused(make_policy, first, second):
+    policy = make_policy(name="per-ip", limit=5)
+    override(policy, first, exempt=True)
+    with pytest.raises(ValidationError) as info:
+        Override(policy=policy, match=second, limit=1).full_clean()
+    assert info.value.message_dict["match"] == [
+        f"This policy already has an override for the same clients, {first!r}: change "
+        "that one, or delete it first."]
+
+
+def test_a_limited_address_inside_an_exempt_network_through_the_middleware(
+    client, make_policy, django_capture_on_commit_callbacks, any_store
+):
+    policy = make_policy(name="per-ip", limit=3, path="/hello/")
+    with django_capture_on_commit_callbacks(execute=True):
+        override(policy, "ip:10.0.0.0/8", exempt=True, note="office")
+        override(policy, "ip:10.1.2.3", limit=1, note="a noisy machine")
+        # stored before a second row for the same network was refused
+        Override.objects.create(policy=policy, match="ip:10.1.2.3/8", limit=1)
+    assert statuses(client, 4, REMOTE_ADDR="10.9.9.9") == [200] * 4  # the exempt /8
+    assert statuses(client, 2, REMOTE_ADDR="10.1.2.3") == [200, 429]  # the address itself
+    assert statuses(client, 4, REMOTE_ADDR="192.0.2.1") == [200, 200, 200, 429]
+
+
+@pytest.mark.parametrize(("match", "warned"), [
+    ("ip:0.0.0.0/0", "every IPv4 client"), ("ip:::/0", "every IPv6 client"),
+    ("ip:10.0.0.0/8", None),
+])
+def test_the_admin_warns_of_an_override_exempting_everyone(admin_client, make_policy, match,
+                                                           warned):
+    policy = make_policy(name="per-ip", limit=1, path="/hello/")
+    response = admin_client.post(URL + "add/", {
+        "policy": policy.pk, "match": match, "exempt": "on", "limit": "", "burst": "",
+        "expires_0": "", "expires_1": "", "note": ""}, follow=True)
+    assert Override.objects.filter(match=match).exists()
+    page = response.content.decode().replace("&#x27;", "'")
+    if warned:
+        assert (f"The override '{match}' exempts {warned} from the policy 'per-ip': it no "
+                "longer limits anyone") in page
+    else:
+        assert "exempts every" not in page
+
+
+def test_policy_names_differing_only_in_case_are_refused(make_policy):
+    from ratelimits.models import Policy
+
+    make_policy(name="Dup2")
+    with pytest.raises(ValidationError) as info:
+        Policy(name="dup2", mode="shadow", limit=1, key="ip").full_clean()
+    assert info.value.message_dict["name"] == [
+        "A policy named 'Dup2' exists; names may not differ only in case. Choose another "
+        "name, or change that policy."]
