@@ -227,3 +227,15 @@ def test_in_a_browser_the_page_links_to_all_the_overrides_and_saves(
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 1 and "ip:10.0.0.77" in rows.inner_text()
     assert f"policy__id__exact={policy.pk}" in page.url  # still this policy's only
+
+
+def test_an_exempt_override_of_every_address_added_inline_is_warned_of(admin_client,
+                                                                       make_policy):
+    policy = make_policy(name="per-ip", limit=100, period=60)
+    page = admin_client.get(f"{URL}{policy.pk}/change/").content.decode()
+    data = posted(page, **{"overrides-TOTAL_FORMS": "1", "overrides-0-match": "ip:0.0.0.0/0",
+                           "overrides-0-exempt": "on", "overrides-0-policy": str(policy.pk)})
+    response = admin_client.post(f"{URL}{policy.pk}/change/", data, follow=True)
+    assert Override.objects.filter(policy=policy, match="ip:0.0.0.0/0", exempt=True).exists()
+    assert ("exempts every IPv4 client from the policy &#x27;per-ip&#x27;: it no longer "
+            "limits anyone who reaches it over IPv4") in response.content.decode()
