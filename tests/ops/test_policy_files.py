@@ -98,6 +98,15 @@ def test_delete_missing_removes_the_policies_the_file_does_not_name(make_policy,
         ({"name": "a"}, "policy 2: 'a' appears twice"),
         ({"overrides": [{"match": "ip:192.0.2.1", "limit": 0}]},
          "'ip:192.0.2.1': limit: 0 is not a limit: leave it empty"),
+        ({"charge_on": "login_failed", "reset_on": "login"},
+         "policy 2 'b': reset_on: A reset clears the count of the client that got the "
+         "response, and a key of 'ip' counts everyone behind one address"),
+        ({"cost_function": "sys.exit"},
+         "policy 2 'b': cost_function: 'sys.exit' is a builtin, not a function written in"),
+        ({"name": "A"}, "policy 2 'A': name: A policy named 'a' exists; names may not differ"),
+        ({"overrides": [{"match": "ip:10.1.2.3/8", "exempt": True}]},
+         "'ip:10.1.2.3/8': match: '10.1.2.3/8' has bits set past its /8: the network it "
+         "falls in is 10.0.0.0/8"),
     ],
 )
 def test_a_refused_import_changes_nothing_and_names_the_policy_and_field(
