@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Self
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -696,11 +696,23 @@ class Override(models.Model):
         `ip:2001:db8::1` and `ip:2001:db8::2` are one /64 client. Two such rows would
         leave the policy to choose between them (the more generous would apply)."""
         super().validate_unique(exclude)
-        same = self.same_clients() if "match" not in (exclude or ()) else None
+        # a row saved with this match was checked then: a page of many overrides saves
+        # without comparing each one with all the others
+        unchanged = self.pk is not None and self.match == getattr(self, "_loaded_match", None)
+        same = None if unchanged or "match" in (exclude or ()) else self.same_clients()
         if same is not None:
             raise ValidationError({"match": [
                 f"This policy already has an override for the same clients, "
                 f"{same!r}: change that one, or delete it first."]})
+
+    #: The match the row was read from the database with (None: not read).
+    _loaded_match: str | None = None
+
+    @classmethod
+    def from_db(cls, *args: Any, **kwargs: Any) -> Self:  # Django 6.1 adds a keyword
+        row = super().from_db(*args, **kwargs)
+        row._loaded_match = row.match  # see validate_unique
+        return row
 
     def same_clients(self) -> str | None:
         """The match of another override of this policy for the same clients, or None."""
