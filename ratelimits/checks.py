@@ -12,13 +12,13 @@ ratelimits.W004  an enforced policy limits the admin's pages (GET): an operator 
                  to undo it (a database check)
 ratelimits.W005  an enforced policy makes requests wait for their turn: a worker that
                  serves one request at a time refuses them instead (a database check)
-ratelimits.W008  a limit declared in code locks out by a value the client sends: anyone
+ratelimits.W006  a limit declared in code locks out by a value the client sends: anyone
                  can aim its lockout at someone else (the admin warns of such a policy
                  when it is saved)
 ratelimits.I001  TRUSTED_PROXIES is set but PROXY_HEADER is not: say which header the proxy sets
-ratelimits.W010  DRF's NUM_PROXIES is set, which the compat throttles do not read (they
+ratelimits.W007  DRF's NUM_PROXIES is set, which the compat throttles do not read (they
                  read the client as the ip key does), and no TRUSTED_PROXIES are
-ratelimits.W011  the compat throttles read the client as DRF does (DRF_CLIENT_IP) with
+ratelimits.W008  the compat throttles read the client as DRF does (DRF_CLIENT_IP) with
                  NUM_PROXIES unset: X-Forwarded-For is taken from any client
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
@@ -318,7 +318,7 @@ def check_drf_client_ip(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             hint="Set REST_FRAMEWORK['NUM_PROXIES'] to the number of proxies in front of "
             "the app, or remove DRF_CLIENT_IP and set RATELIMITS['TRUSTED_PROXIES'] to "
             "their addresses (the default reads the client as the ip key does).",
-            id="ratelimits.W011")]
+            id="ratelimits.W008")]
     if num_proxies is None or setting_or_default("TRUSTED_PROXIES"):
         return []
     return [checks.Warning(
@@ -330,7 +330,8 @@ def check_drf_client_ip(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         hint="Set RATELIMITS['TRUSTED_PROXIES'] to your proxies' addresses (and "
         "PROXY_HEADER to the header they set); or set RATELIMITS['DRF_CLIENT_IP'] = "
         "'num_proxies' to count clients as DRF's get_ident() does.",
-        id="ratelimits.W010")]
+        id="ratelimits.W007")]
+
 
 # -- lockouts an attacker can aim ------------------------------------------------------
 
@@ -362,7 +363,7 @@ def aimed_lockout_message(policy: Any) -> str:
 AIMED_HINT = (
     "Set lockout=0 on this @ratelimit and declare a lockout per address (key=\"ip\") "
     "beside it. If the lockout is meant (the value is a secret only its owner sends), "
-    "silence ratelimits.W008."
+    "silence ratelimits.W006."
 )
 
 
@@ -382,7 +383,7 @@ def check_declared_lockouts(app_configs: Any = None, **kwargs: Any
     return [
         checks.Warning(f"{aimed_lockout_message(policy)} It is declared in code with "
                        f"@ratelimit(name={policy.name!r}).", hint=AIMED_HINT, obj=policy.name,
-                       id="ratelimits.W008")
+                       id="ratelimits.W006")
         for policy in (d.policy() for d in list(registry.declared.values()))
         if aims_lockout(policy)
     ]

@@ -175,14 +175,14 @@ def test_w004_is_a_database_check():
     assert "ratelimits.W004" not in ids()
 
 
-# -- W010, W011: the DRF compat throttles' client address beside DRF's NUM_PROXIES ---------
+# -- W007, W008: the DRF compat throttles' client address beside DRF's NUM_PROXIES ---------
 
 COMPAT = {"DEFAULT_THROTTLE_CLASSES": ["ratelimits.compat.drf.AnonRateThrottle"]}
 
 
-def test_w010_num_proxies_is_not_read_by_the_compat_throttles():
+def test_w007_num_proxies_is_not_read_by_the_compat_throttles():
     with override_settings(REST_FRAMEWORK={**COMPAT, "NUM_PROXIES": 1}):
-        (msg,) = messages("ratelimits.W010")
+        (msg,) = messages("ratelimits.W007")
     assert msg.level == checks.WARNING
     assert "NUM_PROXIES'] is 1" in msg.msg and "counted as one" in msg.msg
     assert "TRUSTED_PROXIES" in msg.hint and "'num_proxies'" in msg.hint
@@ -192,16 +192,16 @@ def test_w010_num_proxies_is_not_read_by_the_compat_throttles():
     {"TRUSTED_PROXIES": ["10.0.0.0/8"], "PROXY_HEADER": "x-forwarded-for"},  # ours is set
     {"DRF_CLIENT_IP": "num_proxies"},  # DRF's is asked for
 ])
-def test_w010_is_quiet_when_the_proxies_are_told_one_way(ratelimits):
+def test_w007_is_quiet_when_the_proxies_are_told_one_way(ratelimits):
     with override_settings(REST_FRAMEWORK={**COMPAT, "NUM_PROXIES": 1}, RATELIMITS=ratelimits):
-        assert not {"ratelimits.W010", "ratelimits.W011"} & ids()
+        assert not {"ratelimits.W007", "ratelimits.W008"} & ids()
     with override_settings(REST_FRAMEWORK=COMPAT):  # no NUM_PROXIES to rely on
-        assert "ratelimits.W010" not in ids()
+        assert "ratelimits.W007" not in ids()
 
 
-def test_w011_drfs_client_address_without_num_proxies_trusts_anyone():
+def test_w008_drfs_client_address_without_num_proxies_trusts_anyone():
     with override_settings(REST_FRAMEWORK=COMPAT, RATELIMITS={"DRF_CLIENT_IP": "num_proxies"}):
-        (msg,) = messages("ratelimits.W011")
+        (msg,) = messages("ratelimits.W008")
     assert "X-Forwarded-For whoever sends it" in msg.msg
     assert "NUM_PROXIES" in msg.hint and "TRUSTED_PROXIES" in msg.hint
 
@@ -212,29 +212,29 @@ def test_drf_client_ip_takes_one_of_two_values():
     assert "'trusted_proxies'" in msg.msg and "'num_proxies'" in msg.msg
 
 
-# -- W008: a lockout declared in code that anyone can aim ----------------------------------
+# -- W006: a lockout declared in code that anyone can aim ----------------------------------
 
 
 @pytest.mark.parametrize(("key", "warned"), [
     ("post:username", True), ("query:email", True), ("header:X-Account", True),
     ("ip", False), ("user", False),
 ])
-def test_w008_a_declared_lockout_keyed_by_what_the_client_sends(forget_declarations, key,
+def test_w006_a_declared_lockout_keyed_by_what_the_client_sends(forget_declarations, key,
                                                                warned):
     from ratelimits.decorators import ratelimit
 
     ratelimit(name="login-locked", rate="5/15m", key=key, lockout=3600)
-    found = messages("ratelimits.W008")
+    found = messages("ratelimits.W006")
     assert [m.obj for m in found] == (["login-locked"] if warned else [])
     if warned:
         assert found[0].msg.startswith(f"Policy 'login-locked' locks out by {key}, a value "
                                        "the client sends: anyone who sends a victim's value")
         assert "declared in code with @ratelimit(name='login-locked')" in found[0].msg
-        assert "silence ratelimits.W008" in found[0].hint
+        assert "silence ratelimits.W006" in found[0].hint
 
 
-def test_w008_without_a_lockout_is_quiet(forget_declarations):
+def test_w006_without_a_lockout_is_quiet(forget_declarations):
     from ratelimits.decorators import ratelimit
 
     ratelimit(name="login-counted", rate="5/15m", key="post:username")
-    assert "ratelimits.W008" not in ids()
+    assert "ratelimits.W006" not in ids()
