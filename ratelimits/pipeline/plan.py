@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ratelimits import runtime
 from ratelimits.engine.records import quick_init
 from ratelimits.engine.types import Limit
 from ratelimits.matching.identity import IdentityError
@@ -67,7 +67,7 @@ def plan(
             continue
         rule = None
         if policy.overrides is not None:
-            now = now or time.time()
+            now = now or runtime.clock().time()  # the app's one clock, as the windows'
             rule = policy.overrides.find(
                 identity, now,
                 lambda i=identity: members.get(i[5:], ()) if i.startswith("user:") else (),

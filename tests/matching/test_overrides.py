@@ -196,6 +196,19 @@ def test_an_expired_override_no_longer_applies(client, make_policy,
     assert statuses(client, 2, REMOTE_ADDR="203.0.113.8") == [200, 200]
 
 
+def test_an_override_expires_on_the_apps_clock(client, make_policy, clock,
+                                              django_capture_on_commit_callbacks):
+    """The app's one clock decides when an override ends, as it decides the windows: a
+    test (or a replay) that moves it sees the override lapse without waiting."""
+    policy = make_policy(name="per-ip", limit=1, path="/hello/")
+    with django_capture_on_commit_callbacks(execute=True):
+        override(policy, "ip:203.0.113.7", exempt=True,
+                 expires=timezone.now() + timedelta(hours=1))
+    assert statuses(client, 2, REMOTE_ADDR="203.0.113.7") == [200, 200]  # exempt
+    clock.advance(2 * 3600)  # past its expiry, and into a fresh window
+    assert statuses(client, 2, REMOTE_ADDR="203.0.113.7") == [200, 429]
+
+
 def test_a_group_override_follows_the_groups_members(
     client, make_policy, django_user_model, django_capture_on_commit_callbacks
 ):
