@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
-from ratelimits.pipeline import evaluation
+from ratelimits.pipeline import evaluation, settling
 from ratelimits.pipeline.declared import SCOPES_ATTR, registry
 from ratelimits.pipeline.state import RequestState, http_request, state_for
 from ratelimits.pipeline.verdict import Verdict
@@ -134,8 +134,8 @@ def _wrap(view: F, scopes: frozenset[str], refusal: Refusal) -> F:
                 return answer
             try:
                 response = await view(request, *args, **kwargs)
-            except BaseException:
-                await sync_to_async(_failed)(request, state)
+            except BaseException as exc:
+                await sync_to_async(_failed)(request, state, exc)
                 raise
             return await sync_to_async(_finished)(request, state, response)
 
@@ -177,8 +177,8 @@ def run_view(
         return answer
     try:
         response = view(request, *args, **kwargs)
-    except BaseException:
-        _failed(request, state)
+    except BaseException as exc:
+        _failed(request, state, exc)
         raise
     return _finished(request, state, response)
 
@@ -281,6 +281,12 @@ def _finished(request: Any, state: RequestState, response: Any) -> Any:
     return finish(request, state, response)
 
 
-def _failed(request: Any, state: RequestState) -> None:
-    if not state.middleware:
-        evaluation.release(request, state)
+def _failed(request: Any, state: RequestState, exc: BaseException | None = None) -> None:
+    """The view raised `exc` (None: it did not run): without the middleware, its slots
+    back, and its `charge_on` and `reset_on` acting on the response Django makes of the
+    exception. A cancelled view (an async one whose client went away) stays charged."""
+    if state.middleware:
+        return
+    if isinstance(exc, Exception) and state.pending:
+        settling.settle_raised(request, state, exc)
+    evaluation.release(request, state)

@@ -16,7 +16,7 @@ from ratelimits.pipeline import evaluation, settling
 from ratelimits.pipeline.evaluation import UNSCOPED
 from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.responses import decorate, rejection_response
-from ratelimits.pipeline.state import RequestState, state_for
+from ratelimits.pipeline.state import STATE_ATTR, RequestState, state_for
 
 
 def finish(request: Any, state: RequestState, response: Any) -> Any:
@@ -51,6 +51,21 @@ async def afinish(request: Any, state: RequestState, response: Any) -> Any:
     return response
 
 
+def _view_starts(request: Any) -> None:
+    state = getattr(request, STATE_ATTR, None)
+    if state is not None:
+        state.view_started = True
+
+
+async def _abandoned(request: Any, state: RequestState) -> None:
+    """A request that will have no response (its task cancelled, or failed): its slots
+    back; what it reserved back too, unless its view was called: a view that ran is
+    charged (a sync view runs on in its thread after the task is cancelled)."""
+    if state.pending and not state.view_started:
+        await settling.asettle(request, state, None)  # no response: nothing it names
+    await evaluation.arelease(request, state)
+
+
 class RateLimitMiddleware:
     """Rate-limits requests with the admin-managed policies (sync and async)."""
 
@@ -65,6 +80,17 @@ class RateLimitMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+            # Django calls an async stack's view hook as it finds it: no thread for it
+            self.process_view = self._aprocess_view  # type: ignore[method-assign,assignment]
+
+    def process_view(self, request: Any, view: Any, args: Any, kwargs: Any) -> None:
+        """The view is called next: from here on, its request stays charged whatever the
+        client does (under ASGI a client that goes away cancels the request's task, but
+        not the thread a sync view runs in)."""
+        _view_starts(request)
+
+    async def _aprocess_view(self, request: Any, view: Any, args: Any, kwargs: Any) -> None:
+        _view_starts(request)
 
     def _evaluate(self, request: Any, state: RequestState) -> Any:
         if self._defers(request, state, resolver.snapshot()):
@@ -129,7 +155,7 @@ class RateLimitMiddleware:
             return await afinish(request, state, await self._arespond(request, state))
         except BaseException:
             # shielded: a second cancellation must not stop the release half-way
-            await asyncio.shield(evaluation.arelease(request, state))
+            await asyncio.shield(_abandoned(request, state))
             raise
 
     async def _arespond(self, request: Any, state: RequestState) -> Any:

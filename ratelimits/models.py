@@ -19,7 +19,7 @@ from ratelimits.engine.registry import (
     WAITING_ALGORITHMS,
     WARMUP_ALGORITHMS,
 )
-from ratelimits.engine.types import CHARGE, CHECK, Limit
+from ratelimits.engine.types import CHARGE, RESERVE, Limit
 from ratelimits.matching.keykinds import KEY_KINDS, parse_key
 from ratelimits.matching.overrides import parse_match
 from ratelimits.matching.paths import PathPattern
@@ -578,7 +578,7 @@ class Policy(models.Model):
             warmup=float(self.warmup or 0),
             floor=self.floor,
             lockout=float(self.lockout or 0),
-            stage=CHECK if (self.charge_on or "").strip() else CHARGE,
+            stage=RESERVE if (self.charge_on or "").strip() else CHARGE,
             calendar=self.calendar or "",
             zone=time_zone(),
         )

@@ -28,7 +28,7 @@ from ratelimits.engine.constants import US
 from ratelimits.engine.expiring import ExpiringStore
 from ratelimits.engine.keynames import lock_key, new_token, to_us
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import CHARGE, CHECK, SETTLE, Decision, Limit
+from ratelimits.engine.types import CHARGE, REFUND, Decision, Limit
 
 __all__ = ["Prepared", "Receipt", "charge", "refund", "waiting_and_warm"]
 
@@ -50,6 +50,7 @@ class Prepared(NamedTuple):
     #: `Limit.stage` and `Limit.lockout` (µs; 0: none).
     stage: int = CHARGE
     lockout: float = 0.0
+    algorithm: str = ""
 
 
 class Receipt(NamedTuple):
@@ -66,31 +67,67 @@ def charge(
     store: ExpiringStore, prepared: Sequence[Prepared], now: float
 ) -> tuple[bool, list[Check], list[int], str]:
     """Check every limit, then charge every limit that admitted, or none if an enforced
-    one refused (a limit checked only is never charged; one being settled is charged
-    whenever it admits, and never refuses the call). Returns whether the request was
-    admitted, the checks, each check's `allowed` (1 or 0), and the token drawn ('' when
-    none was needed). The caller holds the engine's lock."""
+    one refused (a limit being refunded is not checked: its reservation is taken back,
+    whatever the call's other limits say). Returns whether the request was admitted,
+    the checks, each check's `allowed` (1 or 0), and the token drawn ('' when none was
+    needed). The caller holds the engine's lock."""
     # Unpacked rather than read by name: this loop runs millions of times in a replay.
-    checks = [check(store, key, now, L, P, B, c) for key, check, _, L, P, B, c, *_ in prepared]
+    checks = [NOT_CHECKED if stage == REFUND else check(store, key, now, L, P, B, c)
+              for key, check, _, L, P, B, c, _, _, stage, *_ in prepared]
     for i, p in enumerate(prepared):
-        if p.lockout:
+        if p.lockout and p.stage != REFUND:
             checks[i] = locked(store, p.key, now, checks[i])
     allowed = [r[ALLOWED] for r in checks]
     if 0 in allowed:
         refused = [i for i, (p, ok) in enumerate(zip(prepared, allowed, strict=True))
-                   if not ok and not p.shadow and p.stage != SETTLE]
+                   if not ok and not p.shadow]
         if refused:
             for i in refused:
                 if prepared[i].lockout:
                     checks[i] = lock(store, prepared[i], now, checks[i])
             return False, checks, allowed, ""
     token = ""
-    for (key, _, commit, _, P, _, c, _, needs_token, stage, _), r in zip(prepared, checks):  # noqa: B905
-        if r[ALLOWED] and stage != CHECK:
-            if needs_token and not token:
+    for p, r in zip(prepared, checks):  # noqa: B905
+        if p.stage == REFUND:
+            unreserve(store, p, now)
+        elif r[ALLOWED]:
+            if p.needs_token and not token:
                 token = new_token()
-            commit(store, key, now, P, c, r, token)
+            p.commit(store, p.key, now, p.period_us, p.cost, r, token)
     return True, checks, allowed, token
+
+
+#: A limit being refunded is not checked: it admits, and refuses nothing.
+NOT_CHECKED: Check = (1, 0.0, 0.0, 0.0, 0, None)
+
+
+def unreserve(store: ExpiringStore, p: Prepared, now: float) -> None:
+    """Take back the units a reservation of `p` charged at `now` (the reservation's own
+    time), as lua/check_all.lua's `unreserve`: from the window it counted in, from the
+    log, from a bucket not refilled since, from a GCRA arrival time."""
+    c = p.cost
+    if p.algorithm in ("fixed_window", "sliding_window"):
+        # a check of nothing names the window of `now` (a calendar's too)
+        r = p.check(store, p.key, now, p.limit, p.period_us, p.burst, 0.0)
+        entry = store.entry(r[STATE][0], now) if r[ALLOWED] else None
+        if entry is not None and entry[0] >= c:
+            entry[0] -= c
+    elif p.algorithm == "sliding_log":
+        REGISTRY["sliding_log"].refund(store, p.key, now, p.limit, p.period_us, p.burst, c,
+                                       NOT_CHECKED, "")
+    elif p.algorithm == "token_bucket":
+        entry = store.entry(p.key, now)
+        if entry is not None and entry[0][1] <= now:  # not refilled since
+            tokens, ts = entry[0]
+            entry[0] = (min(p.burst, tokens + c), ts)
+    elif p.algorithm == "gcra":
+        entry = store.entry(p.key, now)
+        if entry is not None:
+            tat = entry[0] - c * p.period_us / p.limit
+            if tat <= now:
+                store.delete(p.key)
+            else:
+                entry[0] = tat
 
 
 #: A check's state when a lockout refused it (no lockout starts again).

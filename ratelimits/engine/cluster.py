@@ -166,7 +166,7 @@ class ClusterEngine(Acquiring):
             v = replies[_VERSION]
             version = int(v) if v is not None else 0
         decision = assemble(limits, raw, admitted=admitted, version=version,
-                            token=token or None)
+                            token=token or None, now_us=now_us)
         if self.stats and now_us is not None:
             self.tally.add(decision, now_us)
         return decision

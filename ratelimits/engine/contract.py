@@ -23,7 +23,7 @@ from ratelimits.engine.keynames import base_key, cell, new_token, period_us, to_
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
-from ratelimits.engine.types import CHECK, SETTLE, Decision, Limit, Outcome, Result
+from ratelimits.engine.types import REFUND, RESERVE, Decision, Limit, Outcome, Result
 
 US = constants.US
 
@@ -64,8 +64,7 @@ LUA_CONSTANTS: dict[str, int | float | str] = {
     "LEASE_US": to_us(LEASE_SECONDS),
     "LEASE_RESET": LEASE_RESET,
     # `Limit.stage` as ARGV carries it (a string)
-    "STAGE_CHECK": str(CHECK),
-    "STAGE_SETTLE": str(SETTLE),
+    "STAGE_REFUND": str(REFUND),
 }
 
 _NO_WINDOW = (0, 0, 0)
@@ -80,7 +79,8 @@ OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
 #: OUTCOMES, read from a reply's field as redis-py gives it (bytes) or as text
 _OUTCOME_OF: dict[str | bytes, Outcome] = {
     text: o for field, o in OUTCOMES.items() for text in (field, field.encode())}
-_VERSION_AT, _ADMITTED_AT = REPLY_HEAD.index("version"), REPLY_HEAD.index("admitted")
+_VERSION_AT, _ADMITTED_AT, _NOW_AT = (
+    REPLY_HEAD.index("version"), REPLY_HEAD.index("admitted"), REPLY_HEAD.index("now_us"))
 
 
 def carry(counts: Counts, offenders: Counts) -> list[Any]:
@@ -153,7 +153,7 @@ def decode(
     version = int(reply[_VERSION_AT]) if versioned else None
     admitted = reply[_ADMITTED_AT] == 1
     return assemble(limits, reply, admitted=admitted, version=version, token=token,
-                    start=_HEAD)
+                    start=_HEAD, now_us=int(reply[_NOW_AT]))
 
 
 def assemble(
@@ -164,13 +164,15 @@ def assemble(
     version: int | None,
     token: str | None,
     start: int = 0,
+    now_us: int | None = None,
 ) -> Decision:
     """`raw` holds, from `start`, per limit, the `RESULT_FIELDS` (times in µs; the
-    outcome is its counter field: a, r, w or o). Both backends end here."""
+    outcome is its counter field: a, r, w or o); `now_us`: the time the store decided
+    at. Both backends end here."""
     results = []
     retry_us = 0
     delay = 0.0
-    holds = False
+    holds = reserved = False
     o = start
     for limit in limits:
         allowed = raw[o + _ALLOWED] == 1
@@ -183,8 +185,9 @@ def assemble(
                 retry_us = max(retry_us, int(raw[o + _RETRY]))
             elif admitted:
                 delay = max(delay, result.delay)
-        if outcome is Outcome.ADMITTED and REGISTRY[limit.algorithm].holds_slots:
-            holds = True
+        if outcome is Outcome.ADMITTED:
+            holds = holds or REGISTRY[limit.algorithm].holds_slots
+            reserved = reserved or limit.stage == RESERVE
         o += FIELDS
     return Decision(
         admitted,
@@ -193,6 +196,7 @@ def assemble(
         delay,
         version,
         token if holds else None,
+        now_us if reserved else None,
     )
 
 
@@ -247,11 +251,10 @@ class SlotReply:
     writes: list[tuple[Any, Any]]
 
     def charged(self, j: int, limit: Limit) -> bool:
-        """Whether the slot charged its `j`-th limit, `limit` (one checked only, to be
-        charged after the response, is admitted uncharged)."""
+        """Whether the slot charged its `j`-th limit, `limit`."""
         field = self.results[j * FIELDS + _OUTCOME]
         admitted = (field.decode() if isinstance(field, bytes) else field) == "a"
-        return admitted and limit.stage != CHECK
+        return admitted
 
 
 def decode_slot(reply: Any, n: int) -> SlotReply:

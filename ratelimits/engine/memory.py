@@ -43,7 +43,7 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import CHECK, SETTLE, Decision, Limit, Outcome
+from ratelimits.engine.types import REFUND, Decision, Limit, Outcome
 
 __all__ = ["MemoryEngine"]
 
@@ -75,15 +75,13 @@ class MemoryEngine(Acquiring):
             minute = math.floor(now_f / (60 * US))
             for limit, r in zip(limits, checks, strict=True):
                 remaining = r[REMAINING]
-                if r[ALLOWED] and limit.stage == SETTLE:
-                    field = "c"
+                if limit.stage == REFUND:
+                    field = "o"  # a reservation taken back
                 elif r[ALLOWED] and admitted:
                     field = "a"
                 elif r[ALLOWED]:
                     remaining += limit.cost  # not charged: its units are still there
                     field = "o"
-                elif limit.stage == SETTLE:
-                    field = "o"  # no room left: nothing charged
                 else:
                     field = "w" if limit.shadow else "r"
                 if limit.name:
@@ -96,7 +94,7 @@ class MemoryEngine(Acquiring):
                                      r[DELAY], field)
             version = self._version if self.version_key else None
         decision = assemble(limits, raw, admitted=admitted, version=version,
-                            token=token or None)
+                            token=token or None, now_us=int(now_f))
         if not admitted:
             return decision, None
         return decision, Receipt(decision, tuple(prepared), tuple(checks), now_f, token)
@@ -120,7 +118,7 @@ class MemoryEngine(Acquiring):
                 if result.outcome is not Outcome.ADMITTED:
                     results.append(result)
                     continue
-                if result.limit.stage != CHECK:  # one checked only was not charged
+                if result.limit.stage != REFUND:
                     refund(self._store, result.limit.algorithm, p, now, r, receipt.token)
                 if result.limit.name:
                     key = stats_key(self.prefix, result.limit.name, minute)
@@ -160,6 +158,7 @@ class MemoryEngine(Acquiring):
             spec.holds_slots,
             limit.stage,
             float(to_us(limit.lockout)),
+            limit.algorithm,
         )
 
     def decide(self, prepared: Sequence[Prepared], now: float) -> tuple[bool, list[int]]:

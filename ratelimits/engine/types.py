@@ -19,10 +19,10 @@ from ratelimits.engine.registry import (
     Algorithm,
 )
 
-#: `Limit.stage`: check and charge at once (the default); check only, the charge to come
-#: after the response; that charge, made when there is room.
-CHARGE, CHECK, SETTLE = 0, 1, 2
-STAGES = (CHARGE, CHECK, SETTLE)
+#: `Limit.stage`: check and charge at once (the default); check and charge at once a
+#: charge that the response may take back (a reservation); that charge taken back.
+CHARGE, RESERVE, REFUND = 0, 1, 2
+STAGES = (CHARGE, RESERVE, REFUND)
 #: The longest `Limit.lockout` (seconds): 30 days. A lockout is a pause for a guessing
 #: machine, held in the store; a client to be kept out for longer belongs in a firewall
 #: or on its account, where someone can see it and lift it.
@@ -61,9 +61,11 @@ class Limit:
 
     `lockout`: seconds a client this limit refuses stays refused, whatever its count
     does meanwhile (0: none). `stage`: `CHARGE` (check, and charge if the call is
-    admitted), `CHECK` (check and charge nothing: the caller charges later, with a
-    `SETTLE` call, if the response is one to charge) or `SETTLE` (charge if there is
-    room, whatever the call's other limits say; never refuses the call).
+    admitted), `RESERVE` (the same, the charge being a reservation: a request in flight
+    counts against the limit, and the caller takes it back with a `REFUND` call if the
+    response is not one to charge) or `REFUND` (take back the units a `RESERVE` call
+    charged; the call's time must be the reservation's, `Decision.reserved_at`; never
+    refuses the call).
     `calendar`: `day`, `week` or `month` (fixed window only): windows of the calendar
     of `zone`, instead of `period`-long ones (see `calendar`).
     """
@@ -223,9 +225,9 @@ class Outcome(str, enum.Enum):
 
     ADMITTED: passed and charged. REJECTED: this enforced limit refused it. WOULD_REJECT:
     this shadow limit would have refused it. SPARED: this limit admitted it but another
-    refused the request, so nothing was charged (or, for a `SETTLE` call, it had no
-    room left). CHARGED: a `SETTLE` call charged it, after the response (a request
-    already counted as ADMITTED: not a request of its own).
+    refused the request, so nothing was charged (or, for a `REFUND` call, its
+    reservation was taken back). CHARGED: a reservation kept after the response, which
+    named it (a request already counted as ADMITTED: not a request of its own).
     """
 
     ADMITTED = "a"
@@ -275,6 +277,14 @@ class Decision:
     version: int | None = None
     #: Identifies the concurrency slots this request holds, for `engine.release()`.
     token: str | None = field(default=None, compare=False)
+    #: When a `RESERVE` limit charged (the store's time, µs): the time a `REFUND` call
+    #: of it is made at (None: nothing reserved).
+    reserved_us: int | None = field(default=None, compare=False)
+
+    @property
+    def reserved_at(self) -> float | None:
+        """`reserved_us` in seconds, as `evaluate()` takes a time."""
+        return None if self.reserved_us is None else self.reserved_us / 1_000_000
 
     @property
     def rejected_by(self) -> tuple[Result, ...]:

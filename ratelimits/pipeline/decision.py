@@ -33,6 +33,7 @@ from ratelimits.pipeline.routing import (
     redirects_with_slash,
     under_admin,
 )
+from ratelimits.pipeline.settling import pending_of
 from ratelimits.pipeline.state import RequestState, http_request, process, state_for
 from ratelimits.pipeline.verdict import Verdict, denies, unidentified
 from ratelimits.pipeline.version import current, newer_snapshot
@@ -229,8 +230,8 @@ def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict:
     store was out of reach: the version waits for it)."""
     state = ctx.state
     settle(state, place, verdict)
-    if verdict.allowed:  # what its response may charge or clear (see `settling`)
-        settles = [p for p in planned if p.policy.settles]
+    if verdict.allowed:  # what its response may take back or clear (see `settling`)
+        settles = pending_of(planned, verdict)
         if settles:
             state.pending = [*state.pending, *settles]
     if decision is UNREACHED:

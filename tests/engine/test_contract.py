@@ -9,7 +9,7 @@ import pytest
 from ratelimits.engine import Limit, RedisEngine, constants, contract, scripts
 from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
 from ratelimits.engine.keynames import base_key, cell, client_key
-from ratelimits.engine.types import CHECK
+from ratelimits.engine.types import RESERVE
 from tests.engine.conftest import T0
 
 
@@ -47,7 +47,7 @@ def test_encode_puts_each_value_where_its_name_says():
     limits = [
         Limit("10.0.0.1", "sliding_log", 5, 60, cost=2, name="a"),
         Limit("x" * 500, "leaky_bucket", 9, 1.5, shadow=True, name="b", max_wait=0.25),
-        Limit("u", "fixed_window", 100, 86_400, name="c", lockout=90, stage=CHECK,
+        Limit("u", "fixed_window", 100, 86_400, name="c", lockout=90, stage=RESERVE,
               calendar="day", zone="Asia/Tokyo"),
     ]
     keys, args, token = encode(limits, prefix="rl:", now=T0, version_key="v", stats=True)
@@ -71,7 +71,7 @@ def test_encode_puts_each_value_where_its_name_says():
     tokyo_midnight = (T0 // 86_400 * 86_400 - 9 * 3600) * 1_000_000
     assert (third["cal0"], third["cal1"], third["cal2"]) == (
         tokyo_midnight, tokyo_midnight + day, tokyo_midnight + 2 * day)
-    assert (third["lockout_us"], third["stage"], third["field"]) == (90_000_000, CHECK,
+    assert (third["lockout_us"], third["stage"], third["field"]) == (90_000_000, RESERVE,
                                                                      cell("rl:", limits[2])[1])
 
 

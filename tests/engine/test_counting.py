@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 
 from ratelimits.engine import Limit, MemoryEngine
-from ratelimits.engine.types import CHECK, SETTLE, Outcome
+from ratelimits.engine.types import REFUND, RESERVE, Outcome
 from tests.engine.conftest import T0
 
 
@@ -85,54 +85,80 @@ def test_lockout_is_refused_where_it_cannot_hold():
 
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log",
                                        "token_bucket", "gcra"])
-def test_a_checked_request_is_charged_only_when_settled(every_engine, algorithm):
-    check = Limit("u", algorithm, 3, 3600, name="login", stage=CHECK)
-    settle = dataclasses.replace(check, stage=SETTLE)
-    # checked as often as you like: nothing is charged
-    for _ in range(5):
-        assert _row(every_engine, check, T0)[::3] == (True, Outcome.ADMITTED)
-    # three failures settled: charged, and the check refuses from then on
+def test_a_reservation_taken_back_costs_nothing(every_engine, algorithm):
+    reserve = Limit("u", algorithm, 3, 3600, name="login", stage=RESERVE)
+    refund = dataclasses.replace(reserve, stage=REFUND)
+    # reserved and taken back at its own time, as often as you like: nothing stays
+    for i in range(5):
+        decision = every_engine.evaluate([reserve], now=T0 + i)
+        assert decision.allowed and decision.reserved_at == T0 + i
+        assert every_engine.evaluate([refund], now=decision.reserved_at).allowed
+    # three kept: the fourth is refused, with its lockout or retry time
     for i in range(3):
-        allowed, _, _, outcome = _row(every_engine, settle, T0 + 1 + i)
-        assert (allowed, outcome) == (True, Outcome.CHARGED)
-    allowed, _, retry, outcome = _row(every_engine, check, T0 + 5)
+        assert _row(every_engine, reserve, T0 + 10 + i)[::3] == (True, Outcome.ADMITTED)
+    allowed, _, retry, outcome = _row(every_engine, reserve, T0 + 20)
     assert (allowed, outcome) == (False, Outcome.REJECTED) and retry > 0
-    # one more settle (a failure that was in flight meanwhile) finds no room: nothing
-    # is charged, and the call it rides on is not refused
-    assert _row(every_engine, settle, T0 + 5)[::3] == (True, Outcome.SPARED)
 
 
-def test_a_settle_charges_whatever_the_other_limits_say(every_engine):
-    full = Limit("u", "fixed_window", 1, 60, name="full", stage=SETTLE)
-    room = Limit("u", "fixed_window", 5, 60, name="room", stage=SETTLE)
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log",
+                                       "token_bucket", "gcra"])
+def test_reservations_in_flight_count_against_the_limit(every_engine, algorithm):
+    """The bound the docs give: a client's requests in flight hold their units, so at
+    most `limit` of them are admitted before any response is known."""
+    reserve = Limit("u", algorithm, 3, 3600, name="login", stage=RESERVE)
+    burst = [every_engine.evaluate([reserve], now=T0) for _ in range(10)]
+    assert [d.allowed for d in burst] == [True] * 3 + [False] * 7
+
+
+def test_a_refund_takes_back_the_window_it_was_charged_in(every_engine):
+    """A reservation made at the end of a window and taken back in the next is taken
+    from the window it counted in: the new window keeps its full allowance."""
+    reserve = Limit("u", "fixed_window", 2, 60, name="otp", stage=RESERVE)
+    refund = dataclasses.replace(reserve, stage=REFUND)
+    edge = (T0 // 60 + 1) * 60 - 0.5
+    early = every_engine.evaluate([reserve], now=edge)
+    late = [every_engine.evaluate([reserve], now=edge + 1) for _ in range(2)]
+    assert early.allowed and all(d.allowed for d in late)
+    every_engine.evaluate([refund], now=early.reserved_at)
+    assert not every_engine.evaluate([reserve], now=edge + 2).allowed
+
+
+def test_a_refund_refuses_nothing_and_rides_with_no_charge(every_engine):
+    full = Limit("u", "fixed_window", 1, 60, name="full")
+    refund = Limit("u", "fixed_window", 5, 60, name="room", stage=REFUND)
     every_engine.evaluate([full], now=T0)
-    decision = every_engine.evaluate([full, room], now=T0 + 1)
-    assert decision.allowed
-    assert [r.outcome for r in decision.results] == [Outcome.SPARED, Outcome.CHARGED]
-    assert decision.results[1].remaining == 4
+    decision = every_engine.evaluate([refund], now=T0 + 1)
+    assert decision.allowed and decision.results[0].outcome is Outcome.SPARED
 
 
-def test_a_checked_limit_is_not_refunded_when_another_refuses():
-    """The in-process engine's refund (a later layer refused) gives back only what was
-    charged: a limit checked only took nothing."""
+def test_a_token_bucket_refilled_since_keeps_the_charge(every_engine):
+    """Another request of the client refilled the bucket after the reservation: the cap
+    may have absorbed the units, so they are not given back (never more admitted)."""
+    reserve = Limit("u", "token_bucket", 2, 3600, name="tb", stage=RESERVE)
+    refund = dataclasses.replace(reserve, stage=REFUND)
+    first = every_engine.evaluate([reserve], now=T0)
+    every_engine.evaluate([reserve], now=T0 + 1)
+    every_engine.evaluate([refund], now=first.reserved_at)
+    assert not every_engine.evaluate([reserve], now=T0 + 2).allowed
+
+
+def test_a_reserved_limit_is_refunded_when_another_refuses():
+    """The in-process engine's refund (a later layer refused) gives back a reservation
+    like any charge."""
     engine = MemoryEngine()
-    check = Limit("u", "fixed_window", 1, 60, name="login", stage=CHECK)
-    plain = Limit("u", "fixed_window", 1, 60, name="plain")
-    settle = dataclasses.replace(check, stage=SETTLE)
-    engine.evaluate([settle], now=T0)  # one failure charged: the check now refuses
-    _, receipt = engine.take([plain], now=T0 + 1)
+    reserve = Limit("u", "fixed_window", 1, 60, name="login", stage=RESERVE)
+    _, receipt = engine.take([reserve], now=T0)
     engine.refund(receipt)
-    assert engine.evaluate([plain], now=T0 + 2).allowed  # refunded
-    assert not engine.evaluate([check], now=T0 + 3).allowed  # still charged
+    assert engine.evaluate([reserve], now=T0 + 1).allowed
 
 
 def test_stages_are_refused_where_they_cannot_hold():
     with pytest.raises(ValueError, match="holds a slot"):
-        Limit("k", "concurrency", 5, 60, stage=CHECK)
+        Limit("k", "concurrency", 5, 60, stage=RESERVE)
     with pytest.raises(ValueError, match="queues a request before the view"):
-        Limit("k", "leaky_bucket", 5, 60, stage=SETTLE)
+        Limit("k", "leaky_bucket", 5, 60, stage=REFUND)
     with pytest.raises(ValueError, match="does not go with a batch or a max_wait"):
-        Limit("k", "fixed_window", 5, 60, stage=CHECK, batch=2)
+        Limit("k", "fixed_window", 5, 60, stage=RESERVE, batch=2)
     with pytest.raises(ValueError, match="stage must be one of"):
         Limit("k", "fixed_window", 5, 60, stage=7)
 
@@ -190,19 +216,3 @@ def test_calendar_is_refused_where_it_cannot_hold():
         Limit("k", "fixed_window", 5, 86_400, calendar="year")
     with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
         Limit("k", "fixed_window", 5, 86_400, calendar="day", zone="Mars/Olympus")
-
-
-def test_failures_in_flight_together_pass_at_most_limit_plus_in_flight(every_engine):
-    """The bound the docs give: requests checked while the client had room all run; each
-    is charged only if there is still room when it ends, so the count never passes the
-    limit, and what got through is at most the limit plus those in flight at once."""
-    check = Limit("u", "fixed_window", 3, 3600, name="login", stage=CHECK)
-    settle = dataclasses.replace(check, stage=SETTLE)
-    every_engine.evaluate([settle], now=T0)  # one failure charged: two units left
-    in_flight = [every_engine.evaluate([check], now=T0 + 1) for _ in range(4)]
-    assert all(d.allowed for d in in_flight)  # four checked at once, all with room
-    outcomes = [every_engine.evaluate([settle], now=T0 + 2).results[0].outcome
-                for _ in range(4)]  # all four fail
-    assert outcomes == [Outcome.CHARGED] * 2 + [Outcome.SPARED] * 2  # the count stops at 3
-    assert not every_engine.evaluate([check], now=T0 + 3).allowed
-    # through: 1 + 4 = 5 failures, within the limit (3) plus the 4 in flight at once

@@ -10,8 +10,9 @@ import logging
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.core.exceptions import ValidationError
-from django.http import HttpResponse
+from asgiref.sync import async_to_sync
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpResponse
 from django.test import Client, RequestFactory
 
 from ratelimits.decorators import ratelimit
@@ -288,8 +289,23 @@ def views():
     def otp(request):
         return HttpResponse(status=204 if request.POST.get("code") == "123456" else 401)
 
+    @ratelimit(name="lookup", rate="3/10m", key="ip", charge_on="404")
+    def lookup(request):
+        if request.GET.get("code") == "forbidden":
+            raise PermissionDenied
+        if request.GET.get("code") != "246810":
+            raise Http404("no such code")
+        return HttpResponse("found")
+
+    @ratelimit(name="alookup", rate="3/10m", key="ip", charge_on="404")
+    async def alookup(request):
+        if request.GET.get("code") != "246810":
+            raise Http404("no such code")
+        return HttpResponse("found")
+
     registry.forget_written()
-    yield {"bulk": bulk, "otp": otp, "daily_export": daily_export}
+    yield {"bulk": bulk, "otp": otp, "daily_export": daily_export, "lookup": lookup,
+           "alookup": alookup}
     registry.restore(before)
     registry.forget_written()
 
@@ -313,6 +329,31 @@ def test_the_decorator_charges_by_outcome_with_a_lockout(any_store, views):
         assert [code("000000").status_code for _ in range(2)] == [401, 401]
         refused = code("123456")
         assert (refused.status_code, refused["Retry-After"]) == (429, "3600")
+
+
+@pytest.mark.parametrize("view", ["lookup", "alookup"])
+def test_the_decorator_charges_a_raised_exception_as_the_response_django_makes(
+    any_store, views, view
+):
+    """Without the middleware, a view that raises Http404 is charged as the 404 Django
+    answers; three, and the next is refused before the view."""
+    call = views[view] if view == "lookup" else async_to_sync(views[view])
+    for _ in range(3):
+        with pytest.raises(Http404):
+            call(_factory.get("/lookup/?code=000000"))
+    refused = call(_factory.get("/lookup/?code=246810"))
+    assert refused.status_code == 429
+
+
+def test_the_decorator_does_not_charge_a_raised_exception_charge_on_does_not_name(
+    any_store, views
+):
+    """A PermissionDenied is the 403 Django answers: a policy charging 404s takes it
+    back, so a client raising it five times is still served."""
+    for _ in range(5):
+        with pytest.raises(PermissionDenied):
+            views["lookup"](_factory.get("/lookup/?code=forbidden"))
+    assert views["lookup"](_factory.get("/lookup/?code=246810")).status_code == 200
 
 
 # -- calendar ----------------------------------------------------------------------------

@@ -9,7 +9,9 @@ import os
 import threading
 
 from django.http import HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
 from tests.settings import *  # noqa: F403
 from tests.settings import RATELIMITS
@@ -61,7 +63,47 @@ async def threads(request):
     return JsonResponse({"loop": threading.get_ident(), "decided_on": decided_on})
 
 
+def otp(request):
+    """A one-time code checked in 30 ms: 204 when right, 404 when wrong; each check
+    counted in the store (`otp-checks`), so a test sees how many ran, in any worker."""
+    import time
+
+    from django_redis import get_redis_connection
+
+    time.sleep(0.03)
+    get_redis_connection().incr("otp-checks")
+    return HttpResponse(status=204 if request.GET.get("code") == "246810" else 404)
+
+
+def _count_password_checks(sender, **kwargs):
+    from django_redis import get_redis_connection
+
+    get_redis_connection().incr("password-checks")
+
+
+class _FormPage(TemplateResponse):
+    """The login page, without a template (this site has none)."""
+
+    @property
+    def rendered_content(self) -> str:
+        return "the login form"
+
+
+@csrf_exempt
+def login(request):
+    """Django's LoginView (a failed login is a 200), each password check counted in the
+    store (`password-checks`), posted to without a CSRF token (a script's guesses).
+    Imported at the first request: these settings are read before the apps are ready."""
+    from django.contrib.auth.signals import user_login_failed
+    from django.contrib.auth.views import LoginView
+
+    user_login_failed.connect(_count_password_checks, dispatch_uid="password-checks")
+    request._dont_enforce_csrf_checks = True
+    return LoginView.as_view(response_class=_FormPage)(request)
+
+
 from bench.closed_loop import abusy, busy  # noqa: E402
 
 urlpatterns = [path("hello/", pid), path("free/", pid), path("async/", threads),
-               path("threads/", threads), path("busy/", busy), path("abusy/", abusy)]
+               path("threads/", threads), path("busy/", busy), path("abusy/", abusy),
+               path("otp/", otp), path("accounts/login/", login)]

@@ -32,8 +32,8 @@ local function figure(s)
 end
 
 -- Check every limit of the call, writing nothing: each check's answer, 1 when every
--- enforced limit admits (a shadow limit never refuses, nor does one being settled), else
--- 0, and each limit's figures {L, P, B, c}, parsed once for its charge.
+-- enforced limit admits (a shadow limit never refuses, nor does a refund), else 0, and
+-- each limit's figures {L, P, B, c, cal}, parsed once for its charge.
 local function check_all(keys, argv, now)
   local checks, figures, admitted = {}, {}, 1
   for i = 1, #keys do
@@ -51,38 +51,69 @@ local function check_all(keys, argv, now)
         cal = {tonumber(argv[o + ARG_CAL0]), edge}
       end
     end
-    local f = argv[o + ARG_FIELD]
-    local r = check(argv[o + ARG_ALGORITHM], keys[i], f, now, L, P, B, c, mw, cal)
-    if W > 0 then r = warm_check(keys[i], now, L, P, B, c, W, mw, r) end
-    if argv[o + ARG_LOCKOUT_US] ~= '0' then r = locked(keys[i] .. ':x' .. f, now, r) end
-    checks[i], figures[i] = r, {L, P, B, c}
-    if r[1] == 0 and argv[o + ARG_SHADOW] == '0' and argv[o + ARG_STAGE] ~= STAGE_SETTLE then
-      admitted = 0
+    local f, r = argv[o + ARG_FIELD], nil
+    if argv[o + ARG_STAGE] == STAGE_REFUND then
+      r = {1, 0, 0, 0, 0}  -- a reservation taken back is not checked, and refuses nothing
+    else
+      r = check(argv[o + ARG_ALGORITHM], keys[i], f, now, L, P, B, c, mw, cal)
+      if W > 0 then r = warm_check(keys[i], now, L, P, B, c, W, mw, r) end
+      if argv[o + ARG_LOCKOUT_US] ~= '0' then r = locked(keys[i] .. ':x' .. f, now, r) end
+      if r[1] == 0 and argv[o + ARG_SHADOW] == '0' then admitted = 0 end
     end
+    checks[i], figures[i] = r, {L, P, B, c, cal}
   end
   return checks, admitted, figures
 end
 
+-- Take back the c units a reservation charged at `now` (the reservation's own time): from
+-- the window it counted in (a plain sum: exact whatever was counted since), from the log
+-- (units of that time), from a bucket whose refill time is still the reservation's (else
+-- another request refilled it since, and the cap may have absorbed them: the charge
+-- stays, under-admitting, never over), or from a GCRA arrival time (the caller takes
+-- back only while the units cannot have been released meanwhile, see settling.py).
+local function unreserve(alg, key, f, now, fig)
+  local L, P, B, c, cal = fig[1], fig[2], fig[3], fig[4], fig[5]
+  if alg == 'fixed_window' or alg == 'sliding_window' then
+    local win = math.floor(now / P)
+    if cal then win = cal[1] / US end
+    local k = window_key(key, win)
+    if (tonumber(redis.call('HGET', k, f)) or 0) >= c then redis.call('HINCRBY', k, f, -c) end
+  elseif alg == 'sliding_log' then
+    local names = redis.call('ZRANGEBYSCORE', key, now, now, 'LIMIT', 0, c)
+    if #names > 0 then redis.call('ZREM', key, unpack(names)) end
+  elseif alg == 'token_bucket' then
+    local s = redis.call('HMGET', key, 't', 'ts')
+    if s[1] and tonumber(s[2]) == now then
+      redis.call('HSET', key, 't', math.min(B, tonumber(s[1]) + c))
+    end
+  elseif alg == 'gcra' then
+    local tat = tonumber(redis.call('GET', key))
+    if tat then
+      tat = tat - c * P / L
+      if tat <= now then redis.call('DEL', key) else redis.call('SET', key, tat, 'KEEPTTL') end
+    end
+  end
+end
+
 -- Charge limit i (its check's answer r, its figures fig) when the call is admitted and
--- the limit admits (a limit being settled: whenever it admits); returns the counter's
--- field for it, and whether it wrote: a (admitted, charged unless its stage is check),
--- c (settled: charged after the response), o (admitted but not charged: another limit
--- refused the call, or a limit being settled had no room), w (a shadow limit's would-be
--- refusal) or r (refused: its lockout, if it has one, starts).
+-- the limit admits; returns the counter's field for it, and whether it wrote: a
+-- (admitted and charged, a reservation too), o (admitted but not charged: another limit
+-- refused the call; or a reservation taken back), w (a shadow limit's would-be refusal)
+-- or r (refused: its lockout, if it has one, starts).
 local function charge(keys, argv, i, now, r, admitted, token, fig)
   local o = HEAD + (i - 1) * PER_LIMIT
-  local c, stage = fig[4], argv[o + ARG_STAGE]
-  if r[1] == 1 and (admitted == 1 or stage == STAGE_SETTLE) then
-    if stage == STAGE_CHECK then return 'a', false end
+  local c = fig[4]
+  if argv[o + ARG_STAGE] == STAGE_REFUND then
+    unreserve(argv[o + ARG_ALGORITHM], keys[i], argv[o + ARG_FIELD], now, fig)
+    return 'o', false
+  end
+  if r[1] == 1 and admitted == 1 then
     commit(argv[o + ARG_ALGORITHM], keys[i], argv[o + ARG_FIELD], now, fig[1], fig[2], fig[3],
       c, r, token)
     if r.wn then warm_commit(keys[i], r) end
-    if stage == STAGE_SETTLE then return 'c', true end
     return 'a', true
   elseif r[1] == 1 then
     r[2] = r[2] + c  -- not charged: the units it would have taken are still there
-    return 'o', false
-  elseif stage == STAGE_SETTLE then
     return 'o', false
   elseif argv[o + ARG_SHADOW] == '1' then
     return 'w', false

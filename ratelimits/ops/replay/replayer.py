@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 from ratelimits.engine.charging import Prepared
 from ratelimits.engine.memory import MemoryEngine
-from ratelimits.engine.types import SETTLE, Limit
+from ratelimits.engine.types import REFUND, Limit
 from ratelimits.matching.identity import bounded, client_ip
 from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.matching.paths import normalize_path
@@ -103,7 +103,7 @@ class _Plan:
         self.per_sec = per_sec  # shared by every plan with the same slots
         #: What an admitted request's status may do after it: per policy with charge_on
         #: or reset_on, (charge_on, reset_on, its settling prepared limit, its limit).
-        self.after: tuple[tuple[Any, Any, Prepared, Limit], ...] = ()
+        self.after: tuple[tuple[int, Any, Any, Prepared, Limit], ...] = ()
 
 
 def _path_of(target: str) -> str:
@@ -208,7 +208,7 @@ class Replayer:
             plan = self._plans[key] = _Plan((), (), [], (), {}, shard)
             return plan
         matched, idents, preps, missing = [], [], [], []
-        after: list[tuple[Any, Any, Prepared, Limit]] = []
+        after: list[tuple[int, Any, Any, Prepared, Limit]] = []
         for i in self._route_slots[rid]:
             policy = self.policies[i]
             ident = _log_reader(self._kinds[i])(line, policy.key_spec.arg)
@@ -220,9 +220,9 @@ class Replayer:
             limit = policy.limit_for(ident)
             preps.append(self.engine.prepare(limit))
             if policy.charge_on is not None or policy.reset_on is not None:
-                settling = dataclasses.replace(limit, stage=SETTLE)
-                after.append((policy.charge_on, policy.reset_on,
-                              self.engine.prepare(settling), limit))
+                refunding = dataclasses.replace(limit, stage=REFUND)
+                after.append((len(preps) - 1, policy.charge_on, policy.reset_on,
+                              self.engine.prepare(refunding), limit))
         group = tuple(matched)
         per_sec = self._groups.setdefault(group, {})
         slots = tuple(self.tallies[i] for i in group)
@@ -324,7 +324,7 @@ class Replayer:
                 continue
             admitted, allowed = decide(plan.preps, t)
             if plan.after and admitted:
-                self._settle(plan.after, status, t)
+                self._settle(plan.after, status, t, allowed)
             per_sec = plan.per_sec
             per_sec[sec] = per_sec.get(sec, 0) + 1
             if 0 in allowed:
@@ -346,16 +346,18 @@ class Replayer:
             last=None if first_t is None else clock,
         )
 
-    def _settle(self, after: tuple[tuple[Any, Any, Prepared, Limit], ...], status: Any,
-                t: float) -> None:
+    def _settle(self, after: tuple[tuple[int, Any, Any, Prepared, Limit], ...], status: Any,
+                t: float, allowed: list[int]) -> None:
         """An admitted request's status, as the middleware acts on its response: a
-        `reset_on` it names clears the client, a `charge_on` charges it (`settling`)."""
+        `reset_on` it names clears the client, a `charge_on` that does not name it takes
+        back the units its admission reserved (`settling`)."""
         code = int(status) if status and status.isdigit() else None
-        for charge_on, reset_on, settling, limit in after:
+        for i, charge_on, reset_on, refunding, limit in after:
             if reset_on is not None and reset_on.matches(code, False):
                 self.engine.reset(limit, t)
-            elif charge_on is not None and charge_on.matches(code, False):
-                self.engine.decide([settling], t)
+            elif (charge_on is not None and allowed[i]
+                  and not charge_on.matches(code, False)):
+                self.engine.decide([refunding], t)
 
     def _tally(self, fmt: str, lines: int, **figures: Any) -> ShardTally:
         # Plans of the same policies share one per-second count; hand it to each policy.
