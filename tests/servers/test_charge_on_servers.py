@@ -22,9 +22,11 @@ from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
 
-#: The recipe's OTP policy: three wrong codes per 10 minutes and address, then 429.
+#: The recipe's OTP policy: three wrong codes per 10 minutes and address, then 429. With
+#: `on_error` deny, a store call lost on this busy machine is a 503, never a view run
+#: uncharged (what `on_error` allow would do, whatever the count says).
 OTP = {"name": "otp", "mode": "enforce", "algorithm": "sliding_window", "limit": 3,
-       "period": 600, "key": "ip", "path": "/otp/", "charge_on": "404"}
+       "period": 600, "key": "ip", "path": "/otp/", "charge_on": "404", "on_error": "deny"}
 SERVERS = {
     "uvicorn": lambda site: site.start_asgi(),
     "gunicorn-gthread": lambda site: site.start(2, 8),
@@ -59,7 +61,8 @@ def test_a_burst_of_wrong_codes_runs_the_view_at_most_limit_times(site, private_
     print(f"\n{server}: 50 wrong codes at once against a limit of 3: {ran} checked, "
           f"{statuses.count(429)} refused")
     assert ran <= OTP["limit"]
-    assert statuses.count(404) == ran and statuses.count(429) == 50 - ran
+    assert statuses.count(404) == ran, statuses
+    assert statuses.count(429) + statuses.count(503) == 50 - ran, statuses
     assert ask(site.port, "/otp/?code=246810", "127.0.0.2")[0] == 429
     # another address was never charged: a right code passes, and costs nothing
     assert [ask(site.port, "/otp/?code=246810", "127.0.0.3")[0] for _ in range(5)] == [204] * 5
@@ -73,7 +76,7 @@ def test_a_burst_of_wrong_passwords_at_django_login_view_checks_at_most_limit_un
              "get_user_model().objects.create_user('alice', 'a@example.com', 'right')")
     site.policy(name="login-ip", mode="enforce", algorithm="sliding_window", limit=20,
                 period=900, key="ip", path="/accounts/login/", methods="POST",
-                charge_on="login_failed", reset_on="login", lockout=3600)
+                charge_on="login_failed", reset_on="login", lockout=3600, on_error="deny")
     site.start_asgi()
     body = urllib.parse.urlencode({"username": "alice", "password": "wrong"})
 
@@ -93,8 +96,9 @@ def test_a_burst_of_wrong_passwords_at_django_login_view_checks_at_most_limit_un
     ran = checks(private_redis, "password-checks")
     print(f"\nuvicorn, LoginView: 50 wrong passwords at once against 20 per 15 min: "
           f"{ran} password checks, {statuses.count(429)} refused")
-    assert ran <= 20
-    assert statuses.count(200) == ran and statuses.count(429) == 50 - ran
+    assert ran <= 20, statuses
+    assert statuses.count(200) == ran, statuses
+    assert statuses.count(429) + statuses.count(503) == 50 - ran, statuses
 
 
 def test_a_client_that_closes_before_its_answer_is_charged_under_uvicorn(site,
