@@ -230,10 +230,9 @@ def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict:
     store was out of reach: the version waits for it)."""
     state = ctx.state
     settle(state, place, verdict)
-    if verdict.allowed:  # what its response may take back or clear (see `settling`)
-        settles = pending_of(planned, verdict)
-        if settles:
-            state.pending = [*state.pending, *settles]
+    # what an admitted request's response may take back or clear (see `settling`)
+    if verdict.allowed and any(p.policy.settles for p in planned):
+        state.pending = [*state.pending, *pending_of(planned, verdict)]
     if decision is UNREACHED:
         return True
     state.version_seen = True
