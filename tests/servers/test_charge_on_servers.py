@@ -1,8 +1,8 @@
 """Charge by outcome against clients that do not wait for their answers, on real servers:
 
 - a burst of wrong codes (or passwords) at once runs the view at most `limit` times for a
-  client, under uvicorn as under gunicorn's threads and sync workers: a request in flight holds its unit
-  until its response says whether it stays charged;
+  client, under uvicorn as under gunicorn's threads and sync workers: a request in flight
+  holds its unit until its response says whether it stays charged;
 - a client that closes its connection before the answer is charged all the same (under
   ASGI, Django cancels the request's task, and the view's thread runs on regardless).
 """
