@@ -276,9 +276,7 @@ def _finished(request: Any, state: RequestState, response: Any) -> Any:
     """Headers and slots: the middleware's job when it is installed, else ours."""
     if state.middleware:
         return response
-    from ratelimits.middleware import finish
-
-    return finish(request, state, response)
+    return settling.finish(request, state, response)
 
 
 def _failed(request: Any, state: RequestState, exc: BaseException | None = None) -> None:

@@ -15,55 +15,14 @@ from ratelimits.checks import ensure_valid
 from ratelimits.pipeline import evaluation, settling
 from ratelimits.pipeline.evaluation import UNSCOPED
 from ratelimits.pipeline.resolver import resolver
-from ratelimits.pipeline.responses import decorate, rejection_response
+from ratelimits.pipeline.responses import rejection_response
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, state_for
-
-
-def finish(request: Any, state: RequestState, response: Any) -> Any:
-    """Headers now; the charges and resets the response calls for (`settling`);
-    concurrency slots when the response is finished.
-
-    A streaming response is still running when it leaves the middleware, so its slots are
-    released from the response's close(), which the server calls once the body is sent
-    (or the client went away).
-    """
-    decorate(state, response)
-    if state.pending:
-        settling.settle(request, state, response)
-    if state.holds:
-        if getattr(response, "streaming", False):
-            # Django calls every entry of _resource_closers from HttpResponseBase.close().
-            response._resource_closers.append(
-                lambda: evaluation.release(request, state, response))
-        else:
-            evaluation.release(request, state, response)
-    return response
-
-
-async def afinish(request: Any, state: RequestState, response: Any) -> Any:
-    """`finish()` for the async stack: the slots are released on the event loop."""
-    if state.pending:
-        await settling.asettle(request, state, response)
-    if not state.holds or getattr(response, "streaming", False):
-        return finish(request, state, response)
-    decorate(state, response)
-    await evaluation.arelease(request, state, response)
-    return response
 
 
 def _view_starts(request: Any) -> None:
     state = getattr(request, STATE_ATTR, None)
     if state is not None:
         state.view_started = True
-
-
-async def _abandoned(request: Any, state: RequestState) -> None:
-    """A request that will have no response (its task cancelled, or failed): its slots
-    back; what it reserved back too, unless its view was called: a view that ran is
-    charged (a sync view runs on in its thread after the task is cancelled)."""
-    if state.pending and not state.view_started:
-        await settling.asettle(request, state, None)  # no response: nothing it names
-    await evaluation.arelease(request, state)
 
 
 class RateLimitMiddleware:
@@ -132,7 +91,7 @@ class RateLimitMiddleware:
         # room): whatever fails, at any step, gives them back.
         state = state_for(request)
         try:
-            return finish(request, state, self._respond(request, state))
+            return settling.finish(request, state, self._respond(request, state))
         except BaseException:
             evaluation.release(request, state)
             raise
@@ -152,10 +111,10 @@ class RateLimitMiddleware:
         # request's task), or one that fails, gives back what it holds.
         state = state_for(request)
         try:
-            return await afinish(request, state, await self._arespond(request, state))
+            return await settling.afinish(request, state, await self._arespond(request, state))
         except BaseException:
             # shielded: a second cancellation must not stop the release half-way
-            await asyncio.shield(_abandoned(request, state))
+            await asyncio.shield(settling.abandoned(request, state))
             raise
 
     async def _arespond(self, request: Any, state: RequestState) -> Any:

@@ -18,6 +18,9 @@ client refilled it, and a GCRA limit only while the units could not have been re
 meanwhile (the response came within cost × period / limit): else the charge stays
 (fewer admitted, never more).
 
+`finish()` (and `afinish()`, `abandoned()`) is how a glue layer ends a request: the
+headers, this settling and the release of concurrency slots, in that order.
+
 Nothing here ever fails a response: a store that cannot be reached is logged, and that
 refund is lost (the charge stays).
 """
@@ -35,7 +38,9 @@ from ratelimits.engine.keynames import to_us
 from ratelimits.engine.types import REFUND, Limit, Outcome
 from ratelimits.pipeline.engines import get_engine, get_local_engine
 from ratelimits.pipeline.plan import Planned
+from ratelimits.pipeline.release import arelease, release
 from ratelimits.pipeline.resolver import PER_PROCESS
+from ratelimits.pipeline.responses import decorate
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request
 from ratelimits.pipeline.verdict import Verdict
 
@@ -184,6 +189,51 @@ class _Raised(NamedTuple):
     and `reset_on` read it: its status."""
 
     status_code: int
+
+
+# -- the glue's end of a request: headers, settling, slots -------------------------
+
+
+def finish(request: Any, state: RequestState, response: Any) -> Any:
+    """The end of a decided request, for every glue layer that answers one (the
+    middleware, `@ratelimit` without it): headers now; the refunds and resets the
+    response calls for (`settle`); concurrency slots when the response is finished.
+
+    A streaming response is still running when it leaves the middleware, so its slots are
+    released from the response's close(), which the server calls once the body is sent
+    (or the client went away).
+    """
+    decorate(state, response)
+    if state.pending:
+        settle(request, state, response)
+    if state.holds:
+        if getattr(response, "streaming", False):
+            # Django calls every entry of _resource_closers from HttpResponseBase.close().
+            response._resource_closers.append(
+                lambda: release(request, state, response))
+        else:
+            release(request, state, response)
+    return response
+
+
+async def afinish(request: Any, state: RequestState, response: Any) -> Any:
+    """`finish()` for the async stack: the slots are released on the event loop."""
+    if state.pending:
+        await asettle(request, state, response)
+    if not state.holds or getattr(response, "streaming", False):
+        return finish(request, state, response)
+    decorate(state, response)
+    await arelease(request, state, response)
+    return response
+
+
+async def abandoned(request: Any, state: RequestState) -> None:
+    """A request that will have no response (its task cancelled, or failed): its slots
+    back; what it reserved back too, unless its view was called: a view that ran is
+    charged (a sync view runs on in its thread after the task is cancelled)."""
+    if state.pending and not state.view_started:
+        await asettle(request, state, None)  # no response: nothing it names
+    await arelease(request, state)
 
 
 def status_of(exc: BaseException) -> int:
