@@ -7,8 +7,13 @@ Envoy's adaptive concurrency filter), the limit here follows the latency the ser
 shows. The rule, an AIMD on latency:
 
 - Every request admitted and finished gives a sample: its latency (less the time it
-  waited on the client, such as a slow upload: `waited`). `short` is the median of the
-  last `short_window` samples: the latency now, which one odd request does not move.
+  waited on the client, such as a slow upload: `waited`). `short` is the latency now:
+  the latency three quarters of the last `short_window` samples are at or below (the
+  8th fastest of 10). What the limit keeps down is the tail, not the middle: a process
+  whose own CPU is full (many threads, one interpreter lock) shows it first as a share
+  of slow samples that grows with the load while the median still looks unloaded. Two
+  odd requests among ten (a cold cache, an upload whose wait was not seen) do not move
+  it.
 - `best` is the service without a queue: a low quantile of the recent samples
   (`BEST_RANK` of the last `BEST_WINDOW` must be at or below it, or, while fewer are
   known, half of them), kept at its lowest since the last probe (below). A cheap answer
@@ -42,7 +47,6 @@ import dataclasses
 import heapq
 import logging
 import math
-import statistics
 import threading
 import time
 from collections import deque
@@ -63,6 +67,10 @@ BEST_WINDOW = 100
 #: ... and none is known before this many samples (a probe lasts until it has them);
 #: fewer than 2 × BEST_RANK samples: their median.
 BEST_MIN = 5
+#: `short` is the latency that this share of the last `short_window` samples are at or
+#: below: high enough to see a tail that the median hides, low enough that two odd
+#: samples of ten are not it.
+SHORT_SHARE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +209,7 @@ class AdaptiveLimiter:
     def _learn(self, rtt: float, ticket: Ticket, now: float) -> None:
         self._tick(now)
         self._latest.append(rtt)
-        self.short = statistics.median(self._latest)
+        self.short = self._recent()
         if self._probe_at is None or ticket.started >= self._probe_at or self.shadow:
             # a request that started before the last probe ran with a queue: not `best`
             self._window.append(rtt)
@@ -212,13 +220,18 @@ class AdaptiveLimiter:
         if self.short <= self.tolerance * best:
             if ticket.in_flight < limit / 2 or rtt > self.tolerance * best:
                 # the service was not asked for this much, or this sample is already
-                # slow (the median lags it): no evidence to grow
+                # slow (`short` lags it): no evidence to grow
                 return
             target = limit + 1
         else:
             target = limit * max(0.5, self.tolerance * best / self.short)
         smoothed = limit + (target - limit) * self.smoothing
         self._estimate = min(float(self.maximum), max(float(self.floor), smoothed))
+
+    def _recent(self) -> float:
+        """`short`: the latency `SHORT_SHARE` of the recent samples are at or below."""
+        latest = sorted(self._latest)
+        return latest[max(0, math.ceil(SHORT_SHARE * len(latest)) - 1)]
 
     def _baseline(self) -> float:
         """The latency `best` may fall to now: a low quantile of the window (see the
