@@ -8,11 +8,11 @@ shows. The rule, an AIMD on latency:
 
 - Every request admitted and finished gives a sample: its latency (less the time it
   waited on the client, such as a slow upload: `waited`). `short` is the latency now:
-  the latency three quarters of the last `short_window` samples are at or below (the
-  8th fastest of 10). What the limit keeps down is the tail, not the middle: a process
+  the latency nine tenths of the last `short_window` samples are at or below (the 9th
+  fastest of 10). What the limit keeps down is the tail, not the middle: a process
   whose own CPU is full (many threads, one interpreter lock) shows it first as a share
-  of slow samples that grows with the load while the median still looks unloaded. Two
-  odd requests among ten (a cold cache, an upload whose wait was not seen) do not move
+  of slow samples that grows with the load while the median still looks unloaded. One
+  odd request among ten (a cold cache, an upload whose wait was not seen) does not move
   it.
 - `best` is the service without a queue: a low quantile of the recent samples
   (`BEST_RANK` of the last `BEST_WINDOW` must be at or below it, or, while fewer are
@@ -21,7 +21,7 @@ shows. The rule, an AIMD on latency:
   service's latency: alone it never becomes `best`, nor a single fast or slow sample.
   Until `BEST_MIN` samples are known there is no `best`, and the limit does not move.
 - While `short` stays within `tolerance × best`, the limit grows by one (smoothed:
-  `smoothing` of a step per sample), for each sample itself within it too: the median
+  `smoothing` of a step per sample), for each sample itself within it too: `short`
   lags a few samples behind a queue that just formed, and growing meanwhile overshoots.
   Once `short` exceeds it, the limit is multiplied by `tolerance × best / short` (at
   least 0.5; smoothed the same way). It stays within [`floor`, `maximum`].
@@ -68,9 +68,9 @@ BEST_WINDOW = 100
 #: fewer than 2 × BEST_RANK samples: their median.
 BEST_MIN = 5
 #: `short` is the latency that this share of the last `short_window` samples are at or
-#: below: high enough to see a tail that the median hides, low enough that two odd
-#: samples of ten are not it.
-SHORT_SHARE = 0.75
+#: below: high enough to see a tail that the median hides, low enough that one odd
+#: sample of ten is not it.
+SHORT_SHARE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
