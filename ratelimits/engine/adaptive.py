@@ -90,7 +90,7 @@ class AdaptiveLimiter:
         floor: int = 1,
         *,
         initial: int | None = None,
-        tolerance: float = 1.5,
+        tolerance: float = 1.3,
         smoothing: float = 0.2,
         short_window: int = 10,
         probe_for: float = 1.0,
