@@ -75,9 +75,9 @@ def test_a_burst_of_wrong_passwords_at_django_login_view_checks_at_most_limit_un
     """The login recipe's policy on Django's LoginView (a failed login is a 200)."""
     site.run("from django.contrib.auth import get_user_model\n"
              "get_user_model().objects.create_user('alice', 'a@example.com', 'right')")
-    site.policy(name="login-ip", mode="enforce", algorithm="sliding_window", limit=20,
-                period=900, key="ip", path="/accounts/login/", methods="POST",
-                charge_on="login_failed", reset_on="login", lockout=3600, on_error="deny")
+    site.policy(name="login-failures-per-address", mode="enforce", algorithm="sliding_log",
+                limit=20, period=900, key="ip", path="/accounts/login/", methods="POST",
+                charge_on="login_failed", lockout=3600, on_error="deny")
     site.start_asgi()
     body = urllib.parse.urlencode({"username": "alice", "password": "wrong"})
 
