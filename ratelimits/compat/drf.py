@@ -230,6 +230,7 @@ class SimpleRateThrottle(BaseThrottle):
         if state.holds and not state.middleware:
             release_when_finished(request)
         if verdict.status == UNAVAILABLE:
+            state.refuse(verdict)  # DRF answers it: the headers are the refusing policies'
             raise RateLimitStoreUnavailable(verdict.retry_after)
         if verdict.allowed and verdict.delay > 0:
             verdict = evaluation.wait_turn(verdict)
@@ -239,6 +240,7 @@ class SimpleRateThrottle(BaseThrottle):
                 result = call.results[outcome.policy.name] = outcome.result
                 own = own or (result is not None and result.outcome is Outcome.REJECTED)
         if not verdict.allowed:
+            state.refuse(verdict)
             call.refused = True
             if not own:
                 self._refused_for = float(verdict.retry_after)

@@ -268,3 +268,20 @@ def test_drfs_own_client_address_is_opted_into(client, rates, settings):
     assert rotating(client, 20) == [200] * 20  # NUM_PROXIES=None: X-Forwarded-For, whole
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
     assert rotating(client, 5, lambda i: f"192.0.2.{i}, 203.0.113.8") == [200, 200] + [429] * 3
+
+
+def test_an_outage_503_carries_no_headers_of_a_policy_decided_in_process(
+        client, rates, make_policy, settings, django_capture_on_commit_callbacks):
+    """The throttle's refusal, as the middleware's: the headers are the refusing
+    policies' (none has a count to show for a store it could not reach)."""
+    make_policy(name="per-node", limit=50, period=60, counting="per_process")
+    admitted = client.get("/both/")
+    assert admitted.status_code == 200 and admitted.has_header("RateLimit")
+    policy = Policy.objects.get(name="drf:t-anon")
+    policy.on_error = "deny"
+    with django_capture_on_commit_callbacks(execute=True):
+        policy.save()
+    settings.RATELIMITS = {**settings.RATELIMITS, "REDIS_URL": "redis://127.0.0.1:9/0"}
+    refused = client.get("/both/")
+    assert refused.status_code == 503
+    assert not {"RateLimit", "RateLimit-Policy"} & set(refused.headers), dict(refused.headers)
