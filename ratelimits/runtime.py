@@ -36,6 +36,11 @@ __all__ = [
     "using_clock",
 ]
 
+#: What a function of yours (`EXEMPT`, `TIER`, `REJECT_VIEW`) may raise that the request
+#: path takes as that function failing: all but KeyboardInterrupt. SystemExit too, so
+#: that no function of yours stops a worker or turns a request into a 500.
+FUNCTION_FAILED = (Exception, SystemExit, GeneratorExit)
+
 Reset = TypeVar("Reset", bound=Callable[[], object])
 
 _lock = threading.Lock()

@@ -238,6 +238,25 @@ def test_broken_reject_view_falls_back_to_the_default(client, make_policy, setti
     assert client.get("/hello/").status_code == 429
 
 
+@pytest.mark.parametrize("setting", ["EXEMPT", "TIER", "REJECT_VIEW"])
+def test_a_settings_function_that_exits_is_a_function_that_failed(
+        client, make_policy, settings, setting, caplog, django_capture_on_commit_callbacks):
+    """No function of yours stops the worker or becomes a 500: its SystemExit is logged
+    as the function failing, and the request goes on as that failure says (not exempt,
+    no tier, the default 429)."""
+    from ratelimits.models import Override
+
+    hook = "tests.support.hooks.exits_whatever_asked"
+    settings.RATELIMITS = {**settings.RATELIMITS, setting: hook}
+    policy = make_policy(name="strict", limit=1, path="/hello/")
+    with django_capture_on_commit_callbacks(execute=True):  # TIER is asked of overrides
+        Override.objects.create(policy=policy, match="tier:gold", limit=90)
+    refused = [client.get("/hello/") for _ in range(2)][-1]
+    assert refused.status_code == 429 and refused["Retry-After"]
+    failed = [r for r in caplog.records if r.levelname == "ERROR" and setting in r.getMessage()]
+    assert failed and failed[0].exc_info[0] is SystemExit
+
+
 def test_call_key_that_raises_is_contained(client, make_policy, caplog):
     make_policy(name="fn-allow", limit=1, key="call:tests.support.hooks.failing_key")
     make_policy(

@@ -124,7 +124,7 @@ def tier_of(request: Any, state: Any, config: Mapping[str, Any]) -> str | None:
         try:
             found = import_string(config["TIER"])(getattr(request, "_request", request))
             tier = None if found is None else str(found)
-        except Exception:
+        except runtime.FUNCTION_FAILED:
             logger.exception("ratelimits: the TIER function failed; no tier for this request")
     if state is not None:
         state.tier, state.tier_known = tier, True

@@ -10,6 +10,7 @@ from django.http import HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
 
+from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.pipeline import headers
 from ratelimits.pipeline.state import RequestState, http_request, state_for
@@ -62,7 +63,7 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
     if view_path:
         try:
             response = import_string(view_path)(base, rejection)
-        except Exception:
+        except runtime.FUNCTION_FAILED:
             logger.exception("ratelimits: REJECT_VIEW %s failed; using the default", view_path)
     if response is None:
         response = reject(base, rejection)

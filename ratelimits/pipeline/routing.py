@@ -145,7 +145,7 @@ def is_exempt(base: Any, state: RequestState, config: Mapping[str, Any]) -> bool
         if config["EXEMPT"]:
             try:
                 state.exempt = bool(import_string(config["EXEMPT"])(base))
-            except Exception:
+            except runtime.FUNCTION_FAILED:
                 logger.exception("ratelimits: the EXEMPT function failed; not exempting")
     return state.exempt
 

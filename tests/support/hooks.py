@@ -32,3 +32,9 @@ def exits(request):
     """A function of the request, of the right shape, that stops the process it runs in
     (as `sys.exit` would)."""
     raise SystemExit(f"exiting on {request.path}")
+
+
+def exits_whatever_asked(request, *args):
+    """An EXEMPT, TIER or REJECT_VIEW function (a REJECT_VIEW takes a second argument)
+    that ends the process if let."""
+    raise SystemExit(3)
