@@ -1,6 +1,6 @@
 """Section 12: what a request costs in Python calls, beside no limiter and the floor.
 
-    .venv/bin/python bench/calls.py [--quick] [--walk CASE]
+    .venv/bin/python bench/calls.py [--quick] [--walk CASE [--trace]]
 
 Timings drift 10-30 % on a shared machine; a count of function calls does not. Each case
 serves requests through Django's own `WSGIHandler` in a child process (section 3's
@@ -13,7 +13,8 @@ trip a store-backed limiter cannot avoid.
 
 Beside the calls: the package modules a request enters (`ratelimits/...`), and how often
 a request moves from one package module to another. `--walk CASE` prints the package
-modules of one request of that case, in the order they are first entered.
+modules of one request of that case, in the order they are first entered; with `--trace`,
+every call that request makes, indented by depth.
 """
 
 from __future__ import annotations
@@ -93,11 +94,14 @@ class Counter:
         self.clear()
 
     def clear(self) -> None:
-        self.calls = self.python = self.changes = 0
+        self.calls = self.python = self.changes = self.depth = 0
         self.current = ""
         self.entered: dict[str, None] = {}  # package modules, in the order first entered
+        self.trace: list[str] | None = None  # every call, indented by depth (`--trace`)
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if self.trace is not None:
+            self.traced(frame, event, arg)
         if event not in CALLS:
             return
         self.calls += 1  # a Python function, or one of C (a builtin, a method of C)
@@ -113,7 +117,26 @@ class Counter:
                 self.current = module
 
 
-def child(path: str, status: int, requests: int, walk: bool) -> dict[str, Any]:
+    def traced(self, frame: Any, event: str, arg: Any) -> None:
+        assert self.trace is not None
+        if event in ("return", "c_return", "c_exception"):
+            self.depth -= 1
+            return
+        if event == "call":
+            filename = frame.f_code.co_filename
+            where = (filename[len(PACKAGE) - len("ratelimits/"):-3]
+                     if filename.startswith(PACKAGE) else Path(filename).name)
+            name = f"{where}:{frame.f_code.co_qualname}"
+        elif event == "c_call":
+            name = f"[c] {getattr(arg, '__qualname__', arg)}"
+        else:
+            return
+        self.trace.append("  " * self.depth + name)
+        self.depth += 1
+
+
+def child(path: str, status: int, requests: int, walk: bool,
+          trace: bool = False) -> dict[str, Any]:
     """Serve requests through the WSGI handler in this process, counting the calls."""
     import django
 
@@ -148,7 +171,11 @@ def child(path: str, status: int, requests: int, walk: bool) -> dict[str, Any]:
     calls, python, modules, changes = [], [], [], []
     for i in range(requests):
         counter.clear()
+        if trace:
+            counter.trace = []
         serve(i * 7, counted=True)
+        if trace:
+            return {"walk": counter.trace or []}
         if walk:
             return {"walk": list(counter.entered)}
         calls.append(counter.calls)
@@ -159,11 +186,13 @@ def child(path: str, status: int, requests: int, walk: bool) -> dict[str, Any]:
             "modules": max(modules), "changes": sum(changes) / requests}
 
 
-def measure(case: Case, db: str, requests: int, walk: bool = False) -> dict[str, Any]:
+def measure(case: Case, db: str, requests: int, walk: bool = False,
+            trace: bool = False) -> dict[str, Any]:
     env = {**e2e.server_env(db, case.scenario), common.PORT_VARIABLE: str(common.REDIS_PORT)}
     out = subprocess.run(
         [sys.executable, __file__, "--child", case.path, "--status", str(case.status),
-         "--requests", str(requests), *(["--walk-child"] if walk else [])],
+         "--requests", str(requests), *(["--walk-child"] if walk else []),
+         *(["--trace-child"] if trace else [])],
         env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{case.label} failed:\n{out.stderr}")
@@ -235,17 +264,24 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--status", type=int, default=200, help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=400, help=argparse.SUPPRESS)
+    parser.add_argument("--trace", action="store_true",
+                        help="with --walk: every call of the request, indented by depth")
     parser.add_argument("--walk-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trace-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.status, args.requests, args.walk_child)))
+        print(json.dumps(child(args.child, args.status, args.requests, args.walk_child,
+                               args.trace_child)))
         return
     if args.walk:
         case = next(c for c in CASES if args.walk.lower() in c.label.lower())
         with tempfile.TemporaryDirectory(prefix="ratelimits-bench-") as tmp:
             db = str(Path(tmp) / "walk.sqlite3")
             e2e.prepare(db, POLICIES[case.policies])
-            got = measure(case, db, 1, walk=True)
+            got = measure(case, db, 1, walk=True, trace=args.trace)
+        if args.trace:
+            print("\n".join(got["walk"]))
+            return
         print(f"{case.label}: {len(got['walk'])} package modules\n  " + "\n  ".join(got["walk"]))
         return
     print(run(args.quick).markdown())
