@@ -14,7 +14,6 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from ratelimits.checks import ensure_valid
 from ratelimits.pipeline import evaluation, settling
 from ratelimits.pipeline.evaluation import UNSCOPED
-from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.responses import rejection_response
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, state_for
 
@@ -52,26 +51,12 @@ class RateLimitMiddleware:
         _view_starts(request)
 
     def _evaluate(self, request: Any, state: RequestState) -> Any:
-        if self._defers(request, state, resolver.snapshot()):
-            return None
-        return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state)
+        return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state,
+                                   middleware=True)
 
     async def _aevaluate(self, request: Any, state: RequestState) -> Any:
-        snap = resolver.ready()
-        if snap is None:  # the policies are read from the database: in a thread
-            snap = await sync_to_async(resolver.snapshot)()
-        if self._defers(request, state, snap):
-            return None
         return await evaluation.aevaluate(request, scopes=UNSCOPED, sender=type(self),
-                                          state=state)
-
-    @staticmethod
-    def _defers(request: Any, state: RequestState, snap: Any) -> bool:
-        state.middleware = True
-        if evaluation.throttle_decides(request, snap):
-            state.deferred = True  # one decision, by the view's PolicyThrottle
-            return True
-        return False
+                                          state=state, middleware=True)
 
     def _after(self, request: Any, state: RequestState, response: Any) -> Any:
         """A request left to the throttle that DRF answered before its throttles ran (a

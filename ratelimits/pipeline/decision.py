@@ -1,92 +1,193 @@
-"""The decision on one request, written once as a flow (see `drivers`), and run in place
-for a blocking caller where it can be (`decide_now`).
+"""The decision on one request: written once, as one pass, and driven two ways.
 
-It picks the policies for the request's scopes from the snapshot (resolver), identifies
-the client (plan), takes a place in the waiting room when a policy may delay it
-(waiting), has the in-process engines and the store decide them (layers), and,
-when the store's reply says another process changed the policies, decides the ones this
-request has not met yet on the newer snapshot (version). What was charged is recorded in
-the request's state, so a policy charges a request at most once however many glue layers
-look at it.
+A pass over a request is, in order:
+
+1. **route** (`routing.route_of`): what the request's method and path ask of the
+   snapshot, a dict lookup: the policies that look at it, whether the view decides it
+   (the middleware then leaves it), whether the path is the admin's or redirected;
+2. **plan** (`plan.plan`, then `prepare`): the client of each policy, overrides and
+   rollout applied, a place in the waiting room when a policy may delay it, every policy
+   this process decides (adaptive, then per-process) taken in its engine; what is left
+   is the store's, in one call;
+3. **send**: the only step the drivers differ in. `decide` calls the store, `adecide`
+   awaits it on the event loop; each also runs in place (or, under ASGI, in a thread)
+   what may block: the policy tables, `EXEMPT`, the admin's user, your key and cost
+   functions;
+4. **judge** (`judge`): the store's reply (or its failure, and then each policy's
+   `on_error`) and the local answers become one `Verdict`; what a local layer took is
+   given back when another refused, all or nothing.
+
+When the store's reply says another process changed the policies, the pass runs once more
+on the newer snapshot, for the policies this request has not met yet. What was charged is
+recorded in the request's state, so a policy charges a request at most once however many
+glue layers look at it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.utils.functional import SimpleLazyObject, empty
 
 from ratelimits import runtime
 from ratelimits.conf import get_config
-from ratelimits.matching.keykinds import KEY_KINDS
-from ratelimits.matching.paths import normalize_path
-from ratelimits.pipeline.context import Context
-from ratelimits.pipeline.drivers import Blocking, Steps, UserLoad, run
-from ratelimits.pipeline.layers import decide_planned, decide_shared_now, local_layers
-from ratelimits.pipeline.outage import UNREACHED
-from ratelimits.pipeline.plan import plan
-from ratelimits.pipeline.resolver import DB_CHECK_EVERY, Snapshot, resolver
-from ratelimits.pipeline.routing import (
-    VIEW_NAMED_METHODS,
-    admin_lets_in,
-    answered_as_get,
-    is_exempt,
-    redirects_with_slash,
-    under_admin,
+from ratelimits.engine.errors import EngineError
+from ratelimits.engine.types import Decision
+from ratelimits.pipeline.engines import (
+    count_in_store,
+    get_adaptive_engine,
+    get_engine,
+    get_local_engine,
 )
+from ratelimits.pipeline.fallback import fallback
+from ratelimits.pipeline.metrics import recorder_for
+from ratelimits.pipeline.plan import Planned, plan
+from ratelimits.pipeline.release import adaptive_taken
+from ratelimits.pipeline.resolver import DB_CHECK_EVERY, PER_PROCESS, Snapshot, resolver
+from ratelimits.pipeline.routing import Route, admin_lets_in, is_exempt, route_of
 from ratelimits.pipeline.settling import pending_of
-from ratelimits.pipeline.state import RequestState, http_request, process, state_for
-from ratelimits.pipeline.verdict import Verdict, denies, unidentified
-from ratelimits.pipeline.version import current, newer_snapshot
+from ratelimits.pipeline.state import Context, RequestState, http_request, process, state_for
+from ratelimits.pipeline.verdict import PolicyOutcome, Verdict, denies, judge, unidentified
+from ratelimits.pipeline.version import anewer_snapshot, current, newer_snapshot
 from ratelimits.pipeline.waiting import seat, settle, vacate
+from ratelimits.pipeline.watchdog import hold, watchdog
+
+#: The store's decision when the store was out of reach (and `on_error` decided): the
+#: policy version waits for the store to answer again.
+UNREACHED: Any = object()
 
 
-def decide_flow(
-    request: Any, scopes: frozenset[str], sender: type, state: RequestState | None = None
-) -> Steps:
-    """The verdict on `request` for the policies of `scopes`; None when nothing applies."""
-    ctx = _context(request, scopes, sender, state)
+def decide(request: Any, scopes: frozenset[str], sender: type,
+           state: RequestState | None = None, *, middleware: bool = False) -> Verdict | None:
+    """The verdict on `request` for the policies of `scopes`; None when nothing applies
+    (or, for the `middleware`, when the view decides the request itself)."""
+    ctx = begin(request, scopes, sender, state)
     if ctx is None:
-        return None
-    alone = _seen(ctx)
-    if alone is None:
-        alone = yield from _left_alone(ctx)
-    if alone:
         return None
     snap = resolver.ready()
     if snap is None or _tables_due():
-        snap = yield from _snapshot(snap)
-    return _ended(ctx.state, (yield from _decide(ctx, snap)))
-
-
-def decide_now(
-    request: Any, scopes: frozenset[str], sender: type, state: RequestState | None = None
-) -> Verdict | None:
-    """`decide_flow` for a blocking caller, straight through.
-
-    The same steps in the same order, but the usual path (the request's path looked at,
-    the snapshot current, every policy counted in the store, the reply's version the
-    snapshot's) calls them in place instead of through a generator per step: a flow's
-    machinery costs more than those steps themselves. Anything else (a first look at an
-    admin path, a snapshot to load, an in-process layer, a newer version) runs the
-    flow's own step, with the blocking driver.
-    """
-    ctx = _context(request, scopes, sender, state)
-    if ctx is None:
+        snap = _fresh(snap)
+    run = Pass(ctx, snap, middleware)
+    if run.deferred or left_alone(ctx, run.route):
         return None
-    alone = _seen(ctx)
-    if alone is None:
-        alone = run(_left_alone(ctx))
-    if alone:
+    while True:
+        policies = run.unmet()
+        if policies:
+            step = run.prepare(policies, *plan(request, policies, ctx.config, ctx.state,
+                                               run.snap.members))
+            try:
+                run.judge(step, send(step) if step.shared is not None else None)
+            except BaseException:
+                vacate(step.place)
+                raise
+        if not (run.stale() and run.moved_to(newer_snapshot(run.version, run.snap,
+                                                             ctx.config))):
+            return run.ended()
+
+
+async def adecide(request: Any, scopes: frozenset[str], sender: type,
+                  state: RequestState | None = None, *,
+                  middleware: bool = False) -> Verdict | None:
+    """`decide` on the event loop: the store awaited; what may block (the policy tables,
+    `EXEMPT`, the admin's user, your key, cost and tier functions) in a thread, as
+    Django's `sync_to_async` runs it; a `user` key's user loaded with `auser()`."""
+    ctx = begin(request, scopes, sender, state)
+    if ctx is None:
         return None
     snap = resolver.ready()
     if snap is None or _tables_due():
-        snap = run(_snapshot(snap))
-    return _ended(ctx.state, _decide_now(ctx, snap))
+        snap = await sync_to_async(_fresh)(snap)
+    run = Pass(ctx, snap, middleware)
+    if run.deferred or (await sync_to_async(left_alone)(ctx, run.route)
+                        if asks(ctx, run.route) else left_alone(ctx, run.route)):
+        return None
+    while True:
+        policies = run.unmet()
+        if policies:
+            step = run.prepare(policies, *await _aplan(ctx, run.route, policies, run.snap))
+            try:
+                run.judge(step, await asend(step) if step.shared is not None else None)
+            except BaseException:  # a cancelled task too
+                vacate(step.place)
+                raise
+        if not (run.stale() and run.moved_to(await anewer_snapshot(run.version, run.snap,
+                                                                   ctx.config))):
+            return run.ended()
 
 
-def _context(
-    request: Any, scopes: frozenset[str], sender: type, state: RequestState | None
-) -> Context | None:
+class Pass:
+    """One request's decision at one glue layer, pass by pass: the snapshot and route it
+    works on, the verdict so far, and the policy version a store reply called for."""
+
+    __slots__ = ("ctx", "deferred", "judged", "route", "second", "snap", "verdict",
+                 "version")
+
+    def __init__(self, ctx: Context, snap: Snapshot, middleware: bool) -> None:
+        self.ctx, self.snap = ctx, snap
+        self.route = route_of(ctx.base, ctx.method, ctx.scopes, snap)
+        #: The middleware leaves this request to the view (see `defers`).
+        self.deferred = middleware and defers(ctx, self.route)
+        self.verdict: Verdict | None = None
+        self.second = False  # the pass on a newer snapshot
+        self.judged = False  # this pass decided some policy
+        #: After a pass: False when its snapshot is current (or the store was out of
+        #: reach), else the version a reply called for (None: read it).
+        self.version: Any = False
+
+    def unmet(self) -> list[Any]:
+        """The route's policies this request has not met yet (another glue layer, or the
+        pass on an older snapshot, decided the others)."""
+        self.judged = False
+        charged = self.ctx.state.charged
+        if not charged:
+            return list(self.route.policies)
+        return [p for p in self.route.policies if p.id not in charged]
+
+    def prepare(self, policies: Sequence[Any], planned: list[Planned],
+                failed: list[Any]) -> Step:
+        self.judged = True
+        return prepare(self.ctx, policies, planned, failed)
+
+    def judge(self, step: Step, reply: tuple[Any, Decision | EngineError] | None) -> None:
+        got, self.version = finish(self.ctx, self.snap, step, reply)
+        self.verdict = got if self.verdict is None else self.verdict.merged(got)
+
+    def stale(self) -> bool:
+        """Whether a newer snapshot is to be looked for: a reply called for one, or no
+        policy applied (a policy added since might: the version is read at most once per
+        request); never after the pass on a newer one."""
+        if self.second:
+            return False
+        if self.judged:
+            return self.version is not False
+        state = self.ctx.state
+        if state.version_seen:
+            return False
+        state.version_seen = True
+        self.version = None
+        return True
+
+    def moved_to(self, newer: Snapshot | None) -> bool:
+        """Whether another pass runs, on `newer` (built by another process's change):
+        only for a request still admitted."""
+        if newer is None or (self.verdict is not None and not self.verdict.allowed):
+            return False
+        self.snap, self.second = newer, True
+        self.route = route_of(self.ctx.base, self.ctx.method, self.ctx.scopes, newer)
+        return True
+
+    def ended(self) -> Verdict | None:
+        verdict = self.verdict
+        if verdict is not None and not verdict.allowed:
+            self.ctx.state.pending = ()  # refused: nothing to charge or clear after it
+        return verdict
+
+
+def begin(request: Any, scopes: frozenset[str], sender: type,
+          state: RequestState | None) -> Context | None:
     """What deciding `request` works from; None when rate limiting is off."""
     config = get_config()
     if not config["ENABLED"]:
@@ -95,182 +196,305 @@ def _context(
         state = state_for(request)
     base = http_request(request)
     method = (base.method or "GET").upper()
-    as_get = method not in VIEW_NAMED_METHODS and answered_as_get(base)
-    return Context(request, state, method, scopes, sender, config, as_get)
-
-
-def _seen(ctx: Context) -> bool | None:
-    """`_left_alone`'s answer when no blocking call is needed to reach it: None when the
-    exemption (`EXEMPT`) is still to be asked, or the path is a first seen admin one."""
-    state = ctx.state
-    if state.exempt is None and ctx.config["EXEMPT"]:
-        return None
-    if state.exempt:
-        return True
-    if state.path is None:
-        if not ctx.config["LIMIT_ADMIN"] and under_admin(ctx.base):
-            return None  # whether the admin lets this user in reads the user
-        return _redirected(state, ctx.base)
-    return False
-
-
-def _redirected(state: RequestState, base: Any) -> bool:
-    """The request's path, seen for the first time: kept in `state`; whether
-    CommonMiddleware redirects it to the path with a slash (then it is exempt)."""
-    state.path = normalize_path(base.path_info)
-    if not base.path_info.endswith("/") and redirects_with_slash(base):
-        state.exempt = True
-    return bool(state.exempt)
+    return Context(request, base, state, method, scopes, sender, config)
 
 
 def _tables_due() -> bool:
-    """Whether the policy tables are due to be looked at again (see `_snapshot`)."""
+    """Whether the policy tables are due to be looked at again (see `_fresh`)."""
     return runtime.clock().monotonic() - process.db_checked_at >= DB_CHECK_EVERY
 
 
-def _ended(state: RequestState, verdict: Verdict | None) -> Verdict | None:
-    if verdict is not None and not verdict.allowed:
-        state.pending = ()  # refused: nothing to charge or clear after its response
-    return verdict
+def _fresh(snap: Snapshot | None) -> Snapshot:
+    """The compiled policies (`snap`: the ready snapshot, if any); loaded when none is,
+    and the policy tables looked at again once `DB_CHECK_EVERY` has passed (both read
+    the database)."""
+    if snap is None:
+        snap = resolver.snapshot()
+    if _tables_due():
+        snap = resolver.recheck(snap)
+    return snap
 
 
-def _left_alone(ctx: Context) -> Steps:
+def defers(ctx: Context, route: Route) -> bool:
+    """Whether the middleware leaves the request to its view's `PolicyThrottle` or
+    `@ratelimit`, which decides the unscoped and the scoped policies in one call."""
+    ctx.state.middleware = True
+    if route.deferred:
+        ctx.state.deferred = True
+        return True
+    return False
+
+
+def asks(ctx: Context, route: Route) -> bool:
+    """Whether `left_alone` calls what may block: `EXEMPT`, or the admin's user."""
+    state = ctx.state
+    return bool((state.exempt is None and ctx.config["EXEMPT"])
+                or (state.path is None and route.admin and not ctx.config["LIMIT_ADMIN"]))
+
+
+def left_alone(ctx: Context, route: Route) -> bool:
     """Whether no policy looks at this request: `EXEMPT` exempts it, CommonMiddleware
     redirects it to its path with a slash (the redirected request is the one charged), or
-    it is an admin page asked for by a user the admin lets in (unless `LIMIT_ADMIN`)."""
-    state, base = ctx.state, ctx.base
-    if state.exempt is None and ctx.config["EXEMPT"]:
-        yield Blocking(is_exempt, base, state, ctx.config)
+    it is an admin page asked for by a user the admin lets in (unless `LIMIT_ADMIN`).
+    Asked once per request (its state keeps the answer)."""
+    state, config = ctx.state, ctx.config
+    if state.exempt is None and config["EXEMPT"]:
+        is_exempt(ctx.base, state, config)
     if state.exempt:
         return True
     if state.path is None:
-        if _redirected(state, base):
-            return True
-        if not ctx.config["LIMIT_ADMIN"] and under_admin(base) and (
-            yield Blocking(admin_lets_in, base)
-        ):
+        state.path = route.path
+        if route.redirect or (route.admin and not config["LIMIT_ADMIN"]
+                              and admin_lets_in(ctx.base)):
             state.exempt = True
             return True
     return False
 
 
-def _snapshot(snap: Snapshot | None) -> Steps:
-    """The compiled policies (`snap`: the ready snapshot, if any); loaded when none is,
-    and the policy tables looked at again once `DB_CHECK_EVERY` has passed (both from the
-    database: blocking calls)."""
-    if snap is None:
-        snap = yield Blocking(resolver.snapshot)
-    if _tables_due():
-        snap = yield Blocking(resolver.recheck, snap)
-    return snap
+async def _aplan(ctx: Context, route: Route, policies: list[Any],
+                 snap: Snapshot) -> tuple[list[Planned], list[Any]]:
+    """`plan` on the event loop: the user loaded first when a key reads it; in a thread
+    when a key, a cost function or the tier runs your code."""
+    if route.reads_user:
+        await _load_user(ctx.base)
+    if route.calls_code or (route.overridden and ctx.config["TIER"]):
+        return await sync_to_async(plan)(ctx.request, policies, ctx.config, ctx.state,
+                                         snap.members)
+    return plan(ctx.request, policies, ctx.config, ctx.state, snap.members)
 
 
-def _decide(ctx: Context, snap: Snapshot, *, second_pass: bool = False) -> Steps:
-    """The verdict on the policies of `snap` this request matches and has not met yet;
-    `second_pass`: on a newer snapshot, after the first one's decision."""
+async def _load_user(base: Any) -> None:
+    """`request.user` made concrete with `auser()`, so reading it runs no query here."""
+    user = getattr(base, "user", None)
+    auser = getattr(base, "auser", None)
+    if auser is None or not isinstance(user, SimpleLazyObject):
+        return
+    if getattr(user, "_wrapped", empty) is empty:  # not evaluated yet
+        base.user = await auser()
+
+
+def decision_time(state: RequestState) -> float | None:
+    """The time to decide at: the request's own (`RequestState.now`), else the installed
+    clock's (`runtime.decision_time()`: None under the real one, the engine's)."""
+    if state.now is not None:
+        return state.now
+    return runtime.decision_time()
+
+
+# -- the plan: local layers taken, the store's part left ---------------------------------
+
+
+class Taken:
+    """What one in-process engine answered for its policies (`own`)."""
+
+    __slots__ = ("decision", "engine", "own", "receipt", "seconds")
+
+    def __init__(self, engine: Any, own: list[Planned], decision: Decision, receipt: Any,
+                 seconds: float) -> None:
+        self.engine, self.own, self.decision = engine, own, decision
+        self.receipt, self.seconds = receipt, seconds
+
+
+class Step:
+    """One pass's planned policies: the place it holds in the waiting room, what the
+    local layers took (`taken`), and the store's part (`shared`: None when the store is
+    not asked), sent by the driver. `undecided`: a layer refused, so neither the later
+    ones nor the store were asked about these; `verdict`: decided before any engine was
+    asked."""
+
+    __slots__ = ("failed", "now", "place", "planned", "recorder", "shared", "started",
+                 "taken", "undecided", "verdict")
+
+    def __init__(self, planned: list[Planned], failed: list[Any], place: Any,
+                 now: float | None, recorder: Any) -> None:
+        self.planned, self.failed, self.place, self.now = planned, failed, place, now
+        self.recorder, self.started = recorder, 0.0
+        self.taken: list[Taken] = []
+        self.shared: list[Planned] | None = None
+        self.undecided: tuple[PolicyOutcome, ...] = ()
+        self.verdict: Verdict | None = None
+
+
+def prepare(ctx: Context, policies: Sequence[Any], planned: list[Planned],
+            failed: list[Any]) -> Step:
+    """The step that decides `planned`: refused at once (503) when a policy that cannot
+    identify the client denies; else a place taken when a policy may delay the request,
+    and every in-process layer asked, in order, until one refuses."""
     state = ctx.state
-    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged,
-                             ctx.as_get)
-    if not policies:
-        return (yield from _none_match(ctx, snap, second_pass))
-    planned, failed = yield from _plan(ctx, snap, policies)
+    state.charged.update([p.id for p in policies])
     if failed and denies(failed):
-        return _unidentified(state, policies, planned)
+        # a 503 before any engine is asked: a request refused anyway charges no policy
+        # and takes no place or slot (see `verdict.unidentified`)
+        step = Step(planned, failed, None, None, None)
+        step.verdict = unidentified(planned)
+        return step
     planned, place = seat(ctx, planned)  # a place to wait in, taken before any turn is
-    state.charged.update(p.id for p in policies)
+    step = Step(planned, failed, place, decision_time(state), recorder_for(ctx.config))
+    for p in planned:
+        if p.policy.in_process:
+            break
+    else:
+        # the usual case: every policy is the store's (asked with none too: its reply
+        # carries the policy version)
+        step.shared = planned
+        return step
     try:
-        verdict, decision = yield from decide_planned(ctx, planned, failed)
-    except BaseException:  # a cancelled task too (the driver throws it in here)
-        vacate(place)
-        raise
-    if _done(ctx, snap, planned, place, verdict, decision):
-        return verdict
-    return (yield from _newer(ctx, snap, verdict, decision, second_pass))
-
-
-def _decide_now(ctx: Context, snap: Snapshot) -> Verdict | None:
-    """`_decide` in place (see `decide_now`); a blocking caller's `_plan` is `plan`."""
-    state = ctx.state
-    policies = snap.matching(state.path or "/", ctx.method, ctx.scopes, state.charged,
-                             ctx.as_get)
-    if not policies:
-        verdict: Verdict | None = run(_none_match(ctx, snap, False))
-        return verdict
-    planned, failed = plan(ctx.request, policies, ctx.config, state, snap.members)
-    if failed and denies(failed):
-        return _unidentified(state, policies, planned)
-    planned, place = seat(ctx, planned)
-    state.charged.update(p.id for p in policies)
-    try:
-        if local_layers(planned):
-            verdict, decision = run(decide_planned(ctx, planned, failed))
-        else:
-            verdict, decision = decide_shared_now(ctx, planned, failed)
+        _take_local(step)
     except BaseException:
         vacate(place)
         raise
-    if _done(ctx, snap, planned, place, verdict, decision):
-        return verdict
-    newer: Verdict = run(_newer(ctx, snap, verdict, decision, False))
-    return newer
+    return step
 
 
-def _unidentified(state: RequestState, policies: Sequence[Any], planned: list[Any]) -> Verdict:
-    """A policy that could not identify the client refuses the request (`verdict.denies`):
-    a 503 before any engine is asked, so a request refused anyway charges no policy, and
-    takes no place or slot (see `verdict.unidentified`)."""
-    state.charged.update(p.id for p in policies)
-    return unidentified(planned)
+def _take_local(step: Step) -> None:
+    """Each in-process layer takes its policies: the adaptive ones first (a refusal there
+    is the cheapest), then the per-process ones; the store's part is left when all
+    admit and it has any."""
+    planned = step.planned
+    learned = [p for p in planned if p.limit.spec.learned]
+    own = [p for p in planned if p.policy.counting == PER_PROCESS and not p.limit.spec.learned]
+    shared = [p for p in planned
+              if p.policy.counting != PER_PROCESS and not p.limit.spec.learned]
+    layers: list[tuple[Callable[[], Any], list[Planned]]] = [
+        (get_adaptive_engine, learned), (get_local_engine, own)]
+    for i, (engine_of, mine) in enumerate(layers):
+        if not mine:
+            continue
+        engine = engine_of()
+        started = time.perf_counter()
+        decision, receipt = engine.take([p.limit for p in mine], step.now)
+        step.taken.append(Taken(engine, mine, decision, receipt, time.perf_counter() - started))
+        if not decision.allowed:  # the later layers and the store are not asked
+            rest = [p for _, later in layers[i + 1:] for p in later] + shared
+            step.undecided = tuple([PolicyOutcome(p.policy, p.identity) for p in rest])
+            return
+    step.shared = shared or None
 
 
-def _done(ctx: Context, snap: Snapshot, planned: list[Any], place: Any, verdict: Verdict,
-          decision: Any) -> bool:
-    """After the decision: the waiting place settled, what the response may charge or
-    clear kept; whether that is all (the store's reply says `snap` is current, or the
-    store was out of reach: the version waits for it)."""
+# -- the store, asked: the drivers' one difference ---------------------------------------
+
+
+def send(step: Step) -> tuple[Any, Decision | EngineError]:
+    """The store's decision on the step's shared policies, or how it failed; with the
+    engine asked (None when it could not be built: a cluster client needs a node)."""
+    step.started = time.perf_counter()
+    engine = None
+    try:
+        engine = get_engine()
+        return engine, engine.evaluate([p.limit for p in step.shared or ()], step.now)
+    except EngineError as exc:  # unreachable, read-only, out of memory ...
+        return engine, exc
+
+
+async def asend(step: Step) -> tuple[Any, Decision | EngineError]:
+    """`send`, awaited on the event loop (see `engine.aio`)."""
+    step.started = time.perf_counter()
+    engine = None
+    try:
+        engine = get_engine()
+        return engine, await engine.aevaluate([p.limit for p in step.shared or ()],
+                                              step.now)
+    except EngineError as exc:
+        return engine, exc
+
+
+# -- the judgement --------------------------------------------------------------------
+
+
+def finish(ctx: Context, snap: Snapshot, step: Step,
+           reply: tuple[Any, Decision | EngineError] | None) -> tuple[Verdict, Any]:
+    """The verdict on a step, and what its store's reply said of the policy version:
+    False when `snap` is current (or the store was out of reach: the version waits for
+    it), else the version to look for (None: the reply carried none)."""
+    if step.verdict is not None:  # refused before any engine was asked
+        return step.verdict, False
+    verdict, decision = judge_step(ctx, step, reply)
     state = ctx.state
-    settle(state, place, verdict)
+    settle(state, step.place, verdict)
     # what an admitted request's response may take back or clear (see `settling`)
-    if verdict.allowed and any(p.policy.settles for p in planned):
-        state.pending = [*state.pending, *pending_of(planned, verdict)]
+    if verdict.allowed and any([p.policy.settles for p in step.planned]):
+        state.pending = [*state.pending, *pending_of(step.planned, verdict)]
     if decision is UNREACHED:
-        return True
+        return verdict, False
     state.version_seen = True
-    return current(None if decision is None else decision.version, snap)
+    version = None if decision is None else decision.version
+    if current(version, snap):
+        return verdict, False
+    return verdict, version
 
 
-def _newer(ctx: Context, snap: Snapshot, verdict: Verdict, decision: Any,
-           second_pass: bool) -> Steps:
-    """Another process changed the policies: load them and apply the ones this request
-    has not met yet (already-charged policies are never charged twice)."""
-    newer = yield from newer_snapshot(None if decision is None else decision.version, snap,
-                                      ctx.config)
-    if newer is not None and verdict.allowed and not second_pass:
-        extra = yield from _decide(ctx, newer, second_pass=True)
-        if extra is not None:
-            verdict = verdict.merged(extra)
-    return verdict
+def judge_step(ctx: Context, step: Step,
+               reply: tuple[Any, Decision | EngineError] | None) -> tuple[Verdict, Any]:
+    """(verdict, the store's decision: None when it was not asked, `UNREACHED` when it
+    was out of reach). The innermost answer is judged first (the store's, or the layer
+    that refused, or the last layer), then each layer taken before it, outwards; when
+    the request is refused, what each of those took is given back."""
+    taken = step.taken
+    decision: Any = None
+    if reply is not None:
+        engine, answer = reply
+        shared = step.shared or []
+        if isinstance(answer, EngineError):
+            verdict, decision = _unreached(ctx, step, shared, engine, answer), UNREACHED
+        else:
+            verdict, decision = _judged(ctx, step, shared, engine, answer), answer
+        outer = taken
+    else:
+        inner = taken[-1]
+        verdict = _verdict(ctx, inner.own, inner.decision, step.failed, step.undecided)
+        _held(ctx, step, inner)
+        outer = taken[:-1]
+    for layer in reversed(outer):
+        if not verdict.allowed and layer.receipt is not None:
+            layer.decision = layer.engine.refund(layer.receipt)
+        verdict = verdict.merged(_verdict(ctx, layer.own, layer.decision, ()))
+        _held(ctx, step, layer)
+    return verdict, decision
 
 
-def _none_match(ctx: Context, snap: Snapshot, second_pass: bool) -> Steps:
-    """No policy applies: nothing to decide, but a policy added since may apply."""
-    if ctx.state.version_seen or second_pass:
-        return None
-    ctx.state.version_seen = True
-    newer = yield from newer_snapshot(None, snap, ctx.config)
-    if newer is None:
-        return None
-    return (yield from _decide(ctx, newer, second_pass=True))
+def _verdict(ctx: Context, planned: Sequence[Planned], decision: Decision,
+             failed: Sequence[Any], prior: tuple[PolicyOutcome, ...] = ()) -> Verdict:
+    return judge(ctx.request, ctx.state, planned, decision, failed, ctx.sender, ctx.config,
+                 prior=prior)
 
 
-def _plan(ctx: Context, snap: Snapshot, policies: Sequence[Any]) -> Steps:
-    """(planned, failed) for `policies` (see `plan.plan`): the user loaded first when a
-    key reads it; in a thread when a key, the tier or a cost function runs your code."""
-    kinds = {p.key_spec.kind for p in policies}
-    if kinds & KEY_KINDS.reads_user:
-        yield UserLoad(ctx.request)
-    config = ctx.config
-    if (kinds & KEY_KINDS.calls_code or any(p.cost_of for p in policies)
-            or (config["TIER"] and any(p.overrides for p in policies))):
-        return (yield Blocking(plan, ctx.request, policies, config, ctx.state, snap.members))
-    return plan(ctx.request, policies, config, ctx.state, snap.members)
+def _held(ctx: Context, step: Step, layer: Taken) -> None:
+    """A local layer's answer kept: its slots held, its latency timed (adaptive), counted
+    in the store's counters, recorded."""
+    engine, decision = layer.engine, layer.decision
+    if decision.token is not None:
+        hold(ctx.state, engine, decision)
+        if layer.own[0].limit.spec.learned:  # the adaptive layer: its latency is a sample
+            adaptive_taken(ctx.request, engine, decision, [p.policy.name for p in layer.own])
+    count_in_store(engine, decision, step.now)
+    if step.recorder is not None:
+        step.recorder.decided(engine, layer.seconds,
+                              [(p.policy, p.identity) for p in layer.own], decision)
+
+
+def _judged(ctx: Context, step: Step, shared: list[Planned], engine: Any,
+            decision: Decision) -> Verdict:
+    """The verdict on the store's `decision` about the step's shared policies, recorded,
+    its slots held."""
+    if step.recorder is not None:
+        step.recorder.decided(engine, time.perf_counter() - step.started,
+                              [(p.policy, p.identity) for p in shared], decision)
+    if watchdog.owed:  # the store answers again: free the slots an outage left held
+        watchdog.answered()
+    if decision.token is not None:
+        hold(ctx.state, engine, decision)
+    return _verdict(ctx, shared, decision, step.failed)
+
+
+def _unreached(ctx: Context, step: Step, shared: list[Planned], engine: Any,
+               exc: EngineError) -> Verdict:
+    """The verdict when the store's `engine` failed with `exc` (None when it could not be
+    built): the failed call counted as such, and each policy's `on_error` decides."""
+    if engine is not None:
+        if step.recorder is not None:
+            step.recorder.unavailable(engine, time.perf_counter() - step.started,
+                                      (p.policy for p in shared))
+        if exc.taken is not None:  # the store may run the call yet: free what it takes
+            watchdog.release_taken(engine, exc.taken, exc)
+    return fallback(ctx.request, ctx.state, shared, step.failed, exc, ctx.sender,
+                    ctx.config, engine, step.now)

@@ -1,8 +1,8 @@
 """The one evaluation path that the middleware, the DRF throttle and `@ratelimit` share.
 
-`evaluate()` (and `aevaluate()` on the async stack) runs the decision flow
-(`decision.decide_flow`) on a request for the DRF scopes in play and returns a `Verdict`,
-or None when no policy applies; a bug of ours admits the request and is logged. The glue
+`evaluate()` (and `aevaluate()` on the async stack) runs the decision (`decision.decide`,
+`decision.adecide`) on a request for the DRF scopes in play and returns a `Verdict`, or
+None when no policy applies; a bug of ours admits the request and is logged. The glue
 also finds here what it does around the decision: which layer decides a request
 (`throttle_decides`), the wait for a delayed turn (`wait_turn`, from `waiting`) and the
 release of held concurrency slots (`release`, from `release`).
@@ -14,8 +14,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimits.pipeline.decision import decide_flow, decide_now
-from ratelimits.pipeline.drivers import arun
+from ratelimits.pipeline.decision import adecide, decide
 from ratelimits.pipeline.release import arelease, release
 from ratelimits.pipeline.report import asend_all, log_unexpected, signals_deferred
 from ratelimits.pipeline.routing import throttle_decides
@@ -56,16 +55,18 @@ UNSCOPED: frozenset[str] = frozenset({""})
 
 
 def evaluate(
-    request: Any, *, scopes: frozenset[str], sender: type, state: RequestState | None = None
+    request: Any, *, scopes: frozenset[str], sender: type, state: RequestState | None = None,
+    middleware: bool = False,
 ) -> Verdict | None:
-    """Decide a request against the policies for `scopes`; None when nothing applies.
+    """Decide a request against the policies for `scopes`; None when nothing applies (or,
+    asked by the `middleware`, when the view decides the request itself).
 
     Raises only ImproperlyConfigured (a settings mistake must stop the request, never
     admit it unlimited); any other failure is logged and the request admitted, because
     a rate limiter must not turn its own bug into an outage.
     """
     try:
-        return decide_now(request, scopes, sender, state)
+        return decide(request, scopes, sender, state, middleware=middleware)
     except ImproperlyConfigured:
         raise  # a settings mistake must not switch enforcement off unnoticed
     except Exception:
@@ -74,7 +75,8 @@ def evaluate(
 
 
 async def aevaluate(
-    request: Any, *, scopes: frozenset[str], sender: type, state: RequestState | None = None
+    request: Any, *, scopes: frozenset[str], sender: type, state: RequestState | None = None,
+    middleware: bool = False,
 ) -> Verdict | None:
     """`evaluate()` for the async stack: the store awaited on the event loop (see
     `engine.aio`). Only what may block goes to a thread, as Django's `sync_to_async`
@@ -84,7 +86,7 @@ async def aevaluate(
     `TIER`, `call:` keys). A `user` key reads the user with `request.auser()`."""
     with signals_deferred() as pending:
         try:
-            verdict: Verdict | None = await arun(decide_flow(request, scopes, sender, state))
+            verdict = await adecide(request, scopes, sender, state, middleware=middleware)
         except ImproperlyConfigured:
             raise
         except Exception:

@@ -31,13 +31,15 @@ def fallback(
     sender: type,
     config: Mapping[str, Any],
     engine: Engine | None = None,
+    now: float | None = None,
 ) -> Verdict:
     """`deny` refuses with a 503, `local` decides in process, `allow` admits.
 
     Shadow policies never refuse, whatever their `on_error`, nor do enforced ones for the
     clients outside their rollout. `engine` is the store's
     engine that failed (None when it could not be built): it knows how many processes
-    were live at its last contact.
+    were live at its last contact. `now`: the time the request is decided at (None: the
+    in-process engine's clock).
     """
     log_unavailable(exc, config)
     if any(p.policy.on_error == "deny" and not p.limit.shadow for p in planned) or any(
@@ -54,7 +56,7 @@ def fallback(
         return Verdict(ADMITTED, undecided)
     instances = live_instances(engine, config)
     local_engine = get_local_engine()
-    decision = local_engine.evaluate([local_share(p.limit, instances) for p in local])
+    decision = local_engine.evaluate([local_share(p.limit, instances) for p in local], now)
     if decision.token is not None:
         hold(state, local_engine, decision)
     return judge(request, state, local, decision, (), sender, config, prior=undecided)

@@ -246,6 +246,10 @@ class Snapshot:
     #: The policies of each scope ('' for those without one), in `policies`' order.
     by_scope: Mapping[str, tuple[CompiledPolicy, ...]] = field(
         init=False, compare=False, repr=False)
+    #: What each method and path asks of this snapshot, worked out at its first request
+    #: (`routing.route_of`): held here, so a newer snapshot starts with none.
+    routes: dict[Any, Any] = field(default_factory=dict, init=False, compare=False,
+                                   repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scopes", frozenset(p.scope for p in self.policies if p.scope))
@@ -498,6 +502,12 @@ class Resolver:
             # a new declaration must apply from its first request: wait for the rebuild
             snap = self._rebuild(snap.version, wait=True)
         return snap
+
+    def forget_routes(self) -> None:
+        """Every snapshot held works its routes out again (a setting they read changed)."""
+        for snap in (self.pinned, self._snapshot):
+            if snap is not None:
+                snap.routes.clear()
 
     def ready(self) -> Snapshot | None:
         """The current snapshot when `snapshot()` would not read the database; else None."""

@@ -1,7 +1,12 @@
-"""Which requests the policies look at, and which glue layer decides them: an exempt
-request, one CommonMiddleware redirects, or an admin page asked for by one of the admin's
-own users is left alone; a view that decides its own requests (a DRF throttle,
-`@ratelimit`) has the middleware leave them to it."""
+"""The route phase: which requests the policies look at, and which glue layer decides
+them. An exempt request, one CommonMiddleware redirects, or an admin page asked for by one
+of the admin's own users is left alone; a view that decides its own requests (a DRF
+throttle, `@ratelimit`) has the middleware leave them to it.
+
+What a method and path ask of a snapshot (its policies, whether the view decides them,
+whether the path is the admin's or redirected) is worked out once per snapshot and kept
+in it (`route_of`): a request's route is a dict lookup.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,69 @@ from django.utils.module_loading import import_string
 
 from ratelimits import runtime
 from ratelimits.conf import get_config
+from ratelimits.matching.keykinds import KEY_KINDS
+from ratelimits.matching.paths import normalize_path
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.report import log_safe
 from ratelimits.pipeline.resolver import Snapshot, resolver
 from ratelimits.pipeline.state import RequestState, http_request
 
 logger = logging.getLogger("ratelimits")
+
+#: At most this many routes are kept per snapshot (a site with ids in its URLs has many).
+ROUTES_KEPT = 2_048
+
+
+class Route:
+    """What requests of one method and path ask of one snapshot (see `route_of`)."""
+
+    __slots__ = ("admin", "calls_code", "deferred", "local", "overridden", "path",
+                 "policies", "reads_user", "redirect")
+
+    def __init__(self, base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> None:
+        path_info = base.path_info
+        #: The path the policies' patterns are matched against.
+        self.path = path = normalize_path(path_info)
+        as_get = method not in VIEW_NAMED_METHODS and answered_as_get(base)
+        #: The policies of `scopes` that look at such a request, most important first.
+        self.policies = policies = tuple(snap.matching(path, method, scopes, frozenset(), as_get))
+        #: The middleware leaves such a request to the view (`throttle_decides`).
+        self.deferred = scopes == UNSCOPED_ROUTE and throttle_decides(base, snap)
+        #: The path is under an admin site: whether its user is let in is asked.
+        self.admin = under_admin(base)
+        #: CommonMiddleware answers it with a redirect to the path with a slash.
+        self.redirect = not path_info.endswith("/") and redirects_with_slash(base)
+        kinds = {p.key_spec.kind for p in policies}
+        #: A key reads the user (an async stack loads it first), a key or a cost function
+        #: runs code of the user's (an async stack plans in a thread), a policy has
+        #: overrides (which may ask the tier, also the user's code), a policy is decided
+        #: in this process.
+        self.reads_user = bool(kinds & KEY_KINDS.reads_user)
+        self.calls_code = bool(kinds & KEY_KINDS.calls_code) or any(
+            p.cost_of is not None for p in policies)
+        self.overridden = any(p.overrides is not None for p in policies)
+        self.local = any(p.in_process for p in policies)
+
+
+#: The scopes of a request outside DRF: only policies without a scope apply.
+UNSCOPED_ROUTE: frozenset[str] = frozenset({""})
+
+
+def route_of(base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> Route:
+    """The route of `base` (an HttpRequest) for `scopes` on `snap`, worked out at its
+    first request. Keyed by the URL resolver too: a URLconf changed in place is seen
+    after `clear_url_caches()`, as Django sees it."""
+    from django.urls import get_resolver
+
+    key = (get_resolver(getattr(base, "urlconf", None)), base.path_info, method, scopes)
+    routes = snap.routes
+    route: Route | None = routes.get(key)
+    if route is None:
+        route = Route(base, method, scopes, snap)
+        if len(routes) >= ROUTES_KEPT:
+            routes.clear()  # many paths: start again rather than grow
+        routes[key] = route
+    return route
 
 
 def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
@@ -195,6 +257,11 @@ runtime.on_reset(_prefixes.clear)
 def _on_urlconf_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("ROOT_URLCONF", "INSTALLED_APPS"):
         _prefixes.clear()
+    if setting in ("ROOT_URLCONF", "INSTALLED_APPS", "APPEND_SLASH", "MIDDLEWARE"):
+        resolver.forget_routes()
+
+
+runtime.on_reset(resolver.forget_routes)
 
 
 def admin_lets_in(base: Any) -> bool:

@@ -16,12 +16,13 @@ call it between cases, and settings changes call the relevant parts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ratelimits import runtime
 from ratelimits.engine import keynames
+from ratelimits.engine.records import quick_init
 
 STATE_ATTR = "_ratelimits_state"
 
@@ -69,6 +70,22 @@ class RequestState:
     def refuse(self, verdict: Any) -> None:
         """The request is answered with `verdict`'s refusal (see `refused_by`)."""
         self.refused_by = tuple(verdict.rejected_by)
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Context:
+    """A request being decided at one glue layer: the request (a DRF Request, or the
+    HttpRequest), the HttpRequest under it (`base`), its state, its method, the DRF scopes
+    in play, the glue class that asks (the signals' sender) and the settings."""
+
+    request: Any
+    base: Any
+    state: RequestState
+    method: str
+    scopes: frozenset[str]
+    sender: type
+    config: Mapping[str, Any]
 
 
 def http_request(request: Any) -> Any:

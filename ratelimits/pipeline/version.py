@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from ratelimits import runtime
 from ratelimits.engine.errors import EngineError
-from ratelimits.pipeline.drivers import Blocking, Steps, VersionRead
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.report import log_unavailable
 from ratelimits.pipeline.resolver import Snapshot, resolver
@@ -29,44 +30,68 @@ def current(version: int | None, snap: Snapshot) -> bool:
 
 def newer_snapshot(
     version: int | None, snap: Snapshot, config: Mapping[str, Any]
-) -> Steps:
+) -> Snapshot | None:
     """The snapshot of a policy version newer than `snap`'s, if one was built.
 
     `version` is what the store's reply carried; None when nothing carried it (no store
     call, or one answered in process), and then it is read, at most once per
-    `VERSION_EVERY` per process.
+    `VERSION_EVERY` per process, by one request at a time (the others go on with the
+    snapshot they have).
     """
-    if version is not None:
-        if current(version, snap):
-            return None  # the snapshot is current: nothing to read
-    elif runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
-        return None
-    else:
-        version = yield from _read_version(config)
-        if version is None or not resolver.outdates(version, snap):
+    if version is None:
+        lock = _claim()
+        if lock is None:
             return None
-    return (yield Blocking(resolver.observe, version, snap))
+        try:
+            version = int(get_engine().read_version())
+        except EngineError as exc:
+            return _failed(exc, config)
+        finally:
+            _read(lock)
+    return resolver.observe(version, snap) if resolver.outdates(version, snap) else None
 
 
-def _read_version(config: Mapping[str, Any]) -> Steps:
-    """The version read from the store, when the last one learnt is `VERSION_EVERY`
-    old; None when it is younger, another request is reading it, or the store failed.
-    One request reads at a time (awaited on the event loop under ASGI): the others go
-    on with the snapshot they have."""
+async def anewer_snapshot(
+    version: int | None, snap: Snapshot, config: Mapping[str, Any]
+) -> Snapshot | None:
+    """`newer_snapshot` on the event loop: the version awaited, the snapshot built in a
+    thread (it reads the database)."""
+    if version is None:
+        lock = _claim()
+        if lock is None:
+            return None
+        try:
+            version = int(await get_engine().aread_version())
+        except EngineError as exc:
+            return _failed(exc, config)
+        finally:
+            _read(lock)
+    if not resolver.outdates(version, snap):
+        return None
+    return await sync_to_async(resolver.observe)(version, snap)
+
+
+def _claim() -> Any:
+    """The version lock, when the version is due to be read and no other request reads
+    it; else None."""
     if runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
         return None
     lock = process.version_lock
     if not lock.acquire(blocking=False):
         return None
-    try:
-        if runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
-            return None  # read by another thread meanwhile
-        try:
-            return int((yield VersionRead(get_engine())))
-        except EngineError as exc:
-            log_unavailable(exc, config)
-            return None
-        finally:
-            process.version_at = runtime.clock().monotonic()  # failed too: again a second later
-    finally:
-        lock.release()
+    if runtime.clock().monotonic() - process.version_at < VERSION_EVERY:
+        lock.release()  # read by another thread meanwhile
+        return None
+    return lock
+
+
+def _failed(exc: EngineError, config: Mapping[str, Any]) -> Snapshot | None:
+    """No version read: no newer snapshot (tried again a second later, see `_read`)."""
+    log_unavailable(exc, config)
+    return None
+
+
+def _read(lock: Any) -> None:
+    """The version was read (or failed to be: again a second later)."""
+    process.version_at = runtime.clock().monotonic()
+    lock.release()

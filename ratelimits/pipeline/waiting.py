@@ -45,9 +45,8 @@ from ratelimits import runtime
 from ratelimits.engine.types import Decision, Limit
 from ratelimits.matching.identity import IdentityError
 from ratelimits.matching.keykinds import KEY_KINDS, parse_key
-from ratelimits.pipeline.context import Context
 from ratelimits.pipeline.release import arelease, release
-from ratelimits.pipeline.state import RequestState
+from ratelimits.pipeline.state import Context, RequestState
 from ratelimits.pipeline.verdict import LIMITED, Verdict
 
 logger = logging.getLogger("ratelimits")

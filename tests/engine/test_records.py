@@ -9,8 +9,8 @@ import pytest
 
 from ratelimits.engine.records import quick_init
 from ratelimits.engine.types import Decision, Limit, Result
-from ratelimits.pipeline.context import Context
 from ratelimits.pipeline.plan import Planned
+from ratelimits.pipeline.state import Context
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ratelimits.middleware import RateLimitMiddleware
 from ratelimits.ops import observe
-from ratelimits.pipeline import decision, drivers, evaluation
+from ratelimits.pipeline import decision, evaluation
 
 pytestmark = pytest.mark.django_db
 
@@ -191,4 +191,4 @@ def test_fuzzed_requests_never_raise_inside_the_limiter(
     )
     request.path_info = request.path = "/" + path
     # the decision itself, run to its end: evaluate() would log and admit, hiding a bug
-    drivers.run(decision.decide_flow(request, evaluation.UNSCOPED, RateLimitMiddleware))
+    decision.decide(request, evaluation.UNSCOPED, RateLimitMiddleware)
