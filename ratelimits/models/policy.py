@@ -228,6 +228,8 @@ class Policy(models.Model):
                 "Choose another name, or change that policy."]})
 
     def clean(self) -> None:
+        """The rules between the fields (`validation.policy_errors`), each message on
+        the field to change."""
         errors = policy_errors(self)
         if errors:
             raise ValidationError(errors)
