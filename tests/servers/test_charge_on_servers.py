@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.servers.test_waiting_servers import ask
-from tests.support.workers import Site
+from tests.support.workers import SERVERS, Site
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +27,6 @@ pytestmark = pytest.mark.slow
 #: uncharged (what `on_error` allow would do, whatever the count says).
 OTP = {"name": "otp", "mode": "enforce", "algorithm": "sliding_window", "limit": 3,
        "period": 600, "key": "ip", "path": "/otp/", "charge_on": "404", "on_error": "deny"}
-SERVERS = {
-    "uvicorn": lambda site: site.start_asgi(),
-    "gunicorn-gthread": lambda site: site.start(2, 8),
-    "gunicorn-sync": lambda site: site.start(4),
-}
 
 
 @pytest.fixture
@@ -52,7 +47,7 @@ def burst(n: int, one) -> list[int]:
         return list(pool.map(lambda _: one(), range(n)))
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn-gthread", "gunicorn-sync"])
 def test_a_burst_of_wrong_codes_runs_the_view_at_most_limit_times(site, private_redis,
                                                                   server):
     site.policy(**OTP)

@@ -12,12 +12,11 @@ import urllib.parse
 
 import pytest
 
-from tests.support.workers import Site
+from tests.support.workers import SERVERS, Site
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = "tests.servers.project.settings"
-WSGI = "tests.servers.project.wsgi"
 LOGIN = "/admin/login/"
 _TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 
@@ -64,7 +63,7 @@ def attempt(site: Site, password: str) -> tuple[int, str | None]:
 def test_failed_logins_are_charged_across_cold_workers_and_the_lockout_outlives_a_restart(
     site
 ):
-    site.start(3, 1, WSGI)
+    SERVERS["gunicorn-sync"](site)
     assert attempt(site, "right") == (302, None)  # a success is never charged
     assert [attempt(site, "wrong")[0] for _ in range(2)] == [200, 200]  # the form again
     status, retry = attempt(site, "wrong")  # at the limit: refused, the lockout starts
@@ -72,7 +71,7 @@ def test_failed_logins_are_charged_across_cold_workers_and_the_lockout_outlives_
     assert attempt(site, "right")[0] == 429  # the right password waits too
 
     site.stop()  # a deploy: every worker new, the address still locked out
-    site.start(3, 1, WSGI)
+    SERVERS["gunicorn-sync"](site)
     status, retry = attempt(site, "right")
     assert status == 429 and 0 < int(retry or 0) <= 600
     site.run("from ratelimits.models import Policy\n"

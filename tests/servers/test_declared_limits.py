@@ -13,20 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.workers import Site
+from tests.support.workers import SERVERS, Site
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = "tests.servers.project.settings"
-WSGI = "tests.servers.project.wsgi"
-ASGI = "tests.servers.project.asgi:application"
-
-SERVERS = {
-    "gunicorn-sync": lambda site: site.start(3, 1, WSGI),
-    "gunicorn-gthread": lambda site: site.start(2, 4, WSGI),
-    "uvicorn": lambda site: site.start_asgi(ASGI, "--workers", "2"),
-    "uwsgi-lazy-apps": lambda site: site.start_uwsgi(f"{WSGI}:application", 2),
-}
 
 
 @pytest.fixture

@@ -10,20 +10,11 @@ import urllib.parse
 
 import pytest
 
-from tests.support.workers import Site
+from tests.support.workers import SERVERS, Site
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = "tests.servers.login_site.settings"
-WSGI = "tests.servers.project.wsgi"
-ASGI = "tests.servers.project.asgi:application"
-
-SERVERS = {
-    "gunicorn-gthread": lambda site: site.start(2, 4, WSGI),
-    # uvicorn takes X-Forwarded-For as the address of a peer on 127.0.0.1 (its
-    # --proxy-headers, docs/recipes/proxies.md): the test's client must be a client
-    "uvicorn": lambda site: site.start_asgi(ASGI, "--workers", "2", "--no-proxy-headers"),
-}
 # "alice" in mathematical monospace, bold, sans-serif, fullwidth and circled letters:
 # Django's AuthenticationForm reads each as "alice" (NFKC)
 SPELLINGS = ["".join(chr(base + ord(c) - ord("a")) for c in "alice")
@@ -71,7 +62,7 @@ def token_json(site, username, password):
                    **{"Content-Type": "application/json"})[0]
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("server", ["gunicorn-gthread", "uvicorn"])
 def test_who_a_login_attempt_is_counted_as(site, server):
     SERVERS[server](site)
 

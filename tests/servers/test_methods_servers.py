@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.workers import Site
+from tests.support.workers import SERVERS, Site
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = "tests.servers.project.settings"
-
-SERVERS = {
-    "gunicorn-gthread": lambda site: site.start(2, 4, "tests.servers.project.wsgi"),
-    "uvicorn": lambda site: site.start_asgi("tests.servers.project.asgi:application",
-                                            "--workers", "2"),
-}
-
 
 @pytest.fixture
 def site(tmp_path, private_redis):
@@ -28,7 +21,7 @@ def site(tmp_path, private_redis):
     site.stop()
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("server", ["gunicorn-gthread", "uvicorn"])
 def test_options_to_a_view_function_spends_the_get_policys_quota(site, server):
     SERVERS[server](site)
     answers = [site.send("OPTIONS", "/free/") for _ in range(8)]

@@ -7,19 +7,13 @@ import http.client
 
 import pytest
 
-from tests.support.workers import Site
+from tests.support.workers import SERVERS, Site
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = "tests.servers.project.settings"
 RATE_HEADERS = {"ratelimit", "ratelimit-policy", "x-ratelimit-limit", "x-ratelimit-remaining",
                 "x-ratelimit-reset"}
-
-SERVERS = {
-    "gunicorn-gthread": lambda site: site.start(2, 4, "tests.servers.project.wsgi"),
-    "uvicorn": lambda site: site.start_asgi("tests.servers.project.asgi:application",
-                                            "--workers", "2"),
-}
 
 
 @pytest.fixture
@@ -46,7 +40,7 @@ def get(site: Site, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
         conn.close()
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("server", ["gunicorn-gthread", "uvicorn"])
 def test_a_failing_keys_503_carries_and_charges_no_other_policy(site, server):
     SERVERS[server](site)
     refused = [get(site, {}) for _ in range(5)]

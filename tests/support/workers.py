@@ -242,3 +242,23 @@ class Site:
                     os.killpg(group, signal.SIGKILL)
                 killed, deadline = True, time.monotonic() + 10
             time.sleep(0.05)
+
+
+#: The project a server test serves, as its deployment names it to the server (its
+#: settings come from the site's DJANGO_SETTINGS_MODULE, which these modules keep).
+PROJECT_WSGI = "tests.servers.project.wsgi"
+PROJECT_ASGI = "tests.servers.project.asgi:application"
+
+#: How a test starts a site under each server, by the name its parameter shows: several
+#: processes, each serving several requests at once where the server can, so a burst has
+#: more requests in flight than a limit of 3 admits and a race between them would show
+#: (four sync workers: three would hold no more than such a limit does).
+SERVERS: dict[str, Callable[[Site], None]] = {
+    "gunicorn-sync": lambda site: site.start(4, 1, PROJECT_WSGI),
+    "gunicorn-gthread": lambda site: site.start(2, 8, PROJECT_WSGI),
+    # the tests connect from 127.0.0.1, which uvicorn trusts as a proxy by default: they
+    # are clients, and what they write in X-Forwarded-For is theirs to make up
+    "uvicorn": lambda site: site.start_asgi(PROJECT_ASGI, "--workers", "2",
+                                            "--no-proxy-headers"),
+    "uwsgi-lazy-apps": lambda site: site.start_uwsgi(f"{PROJECT_WSGI}:application", 2),
+}
