@@ -6,16 +6,26 @@ path pays one identity comparison when it is off and never attempts an import.
 
 The metrics live in prometheus_client's default registry: a site that already exposes
 it (django-prometheus, `start_http_server`, a multiprocess collector) gets ours on the
-same page, and `ratelimits.urls` serves that registry for a site that does not. With
-several worker processes and `PROMETHEUS_MULTIPROC_DIR` set (before the workers start),
-prometheus_client writes each worker's values to files there and the view merges them:
-one scrape shows the sum of every worker.
+same page, and `ratelimits.urls` serves that registry for a site that does not.
+
+In one process, a decision adds to plain lists under one lock, and prometheus_client
+reads them when it is scraped (`InProcessRecorder`): a few C calls per request instead
+of prometheus_client's per-increment locks and checks. With several worker processes
+and `PROMETHEUS_MULTIPROC_DIR` set (before the workers start), each increment must reach
+the worker's files at once, so that a scrape from any worker, or after a worker died,
+shows the sum of every worker: there the values are prometheus_client's own, which write
+through to those files (`MultiprocessRecorder`), and the view merges the files.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
+import math
 import os
+import threading
+import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -53,29 +63,30 @@ ENGINE_BUCKETS = (
     0.1,
     0.25,
 )
+#: Every bucket's upper bound, +Inf last as prometheus_client adds it. A latency belongs
+#: to the first bound it is at or below (`le`): the one `bisect_left` finds.
+BOUNDS = (*ENGINE_BUCKETS, math.inf)
+#: Where a backend's tally keeps its sum of latencies, after one count per bound.
+SUM = len(BOUNDS)
+
+REQUESTS = ("ratelimits_requests", "Requests each rate-limit policy decided, by outcome.")
+ENGINE_SECONDS = ("ratelimits_engine_seconds",
+                  "Latency of the rate-limit engine call made for a request.")
 
 
-class Recorder:
-    """The two metrics and their label children, resolved once per policy and backend."""
+def backend(kind: type) -> str:
+    """The `backend` label of an engine class."""
+    # one server or a cluster (ClusterEngine): both are Redis round trips; the
+    # in-process engines (adaptive policies' too) answer without one
+    return "memory" if issubclass(kind, (MemoryEngine, AdaptiveEngine)) else "redis"
 
-    def __init__(self, registry: Any = None) -> None:
-        # prometheus_client is optional: imported only once metrics are on
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-        registry = REGISTRY if registry is None else registry
-        self.requests = Counter(
-            "ratelimits_requests",
-            "Requests each rate-limit policy decided, by outcome.",
-            ["policy", "outcome"],
-            registry=registry,
-        )
-        self.engine_seconds = Histogram(
-            "ratelimits_engine_seconds",
-            "Latency of the rate-limit engine call made for a request.",
-            ["backend"],
-            buckets=ENGINE_BUCKETS,
-            registry=registry,
-        )
+class Recorder(abc.ABC):
+    """Records decisions for Prometheus; never raises into the request."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Gauge  # optional: imported only once metrics are on
+
         self.adaptive_limit = Gauge(
             "ratelimits_adaptive_limit",
             "Requests in flight an adaptive policy admits in this process, as last learnt.",
@@ -83,10 +94,174 @@ class Recorder:
             registry=registry,
             multiprocess_mode="liveall",  # one series per live worker: sum or average them
         )
+        # A plain dict: a lost race only resolves the same child twice (labels() is locked).
+        self._learnt: dict[str, Any] = {}
+
+    @abc.abstractmethod
+    def decided(self, engine: object, seconds: float, planned: Iterable[Any],
+                decision: Any) -> None:
+        """One engine answer: its latency and each policy's outcome (never raises).
+
+        `planned`: (policy, identity) pairs in the order of `decision.results`; each
+        result's outcome is the engine's own, the one its per-minute counters record.
+        """
+
+    @abc.abstractmethod
+    def unavailable(self, engine: object, seconds: float, policies: Iterable[Any]) -> None:
+        """The store failed: the failed call's latency; each policy's on_error decides."""
+
+    def learnt(self, name: str, limit: int) -> None:
+        """An adaptive policy's limit after a sample (never raises)."""
+        try:
+            child = self._learnt.get(name)
+            if child is None:
+                child = self._learnt[name] = self.adaptive_limit.labels(name)
+            child.set(limit)
+        except Exception as exc:
+            _failed(exc)
+
+
+class _Tallies(dict[str, list[float]]):
+    """Counts by label value, each list made at its first use, and when (`_created`).
+
+    A miss is `__missing__`, so a hit costs the request path no call."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.created: dict[str, float] = {}
+
+    def __missing__(self, key: str) -> list[float]:
+        self.created[key] = time.time()
+        made = self[key] = [0.0] * self.width
+        return made
+
+
+class _ByEngine(dict[type, list[float]]):
+    """An engine class's backend tally: engines of one backend share it."""
+
+    def __init__(self, backends: _Tallies) -> None:
+        super().__init__()
+        self.backends = backends
+
+    def __missing__(self, kind: type) -> list[float]:
+        tally = self[kind] = self.backends[backend(kind)]
+        return tally
+
+
+class InProcessRecorder(Recorder):
+    """Counts in plain lists, read by prometheus_client at each scrape (a collector).
+
+    Exposes what prometheus_client's own Counter and Histogram would: the same names,
+    labels, buckets, values and `_created` samples.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY  # optional, as above
+
+        target = REGISTRY if registry is None else registry
+        # `tally[i] += 1` reads, adds and stores: three bytecodes. Whether the GIL can
+        # pass to another thread between them depends on the interpreter (CPython 3.10
+        # may switch before almost any bytecode; 3.11 and later only at calls and
+        # backward jumps, which no language rule promises), and a free-threaded build has
+        # no GIL at all: an increment could be lost. A scrape could also see a decision
+        # by halves (its latency counted, its outcome not yet). One lock makes a
+        # decision's increments one step for both: uncontended, it costs one C call per
+        # decision, and it is held for a few list stores, so a gthread worker's threads
+        # rarely wait on it.
+        self._lock = threading.Lock()
+        self._policies = _Tallies(len(OUTCOMES))  # policy -> count per OUTCOMES
+        self._backends = _Tallies(SUM + 1)  # backend -> count per BOUNDS, then the sum
+        self._engines = _ByEngine(self._backends)
+        target.register(self)
+        super().__init__(target)
+
+    def decided(self, engine: object, seconds: float, planned: Iterable[Any],
+                decision: Any) -> None:
+        try:
+            with self._lock:
+                tally = self._engines[type(engine)]
+                tally[bisect_left(BOUNDS, seconds)] += 1
+                tally[SUM] += seconds
+                policies = self._policies
+                for (policy, _), result in zip(planned, decision.results, strict=True):
+                    policies[policy.name][INDEX[result.outcome]] += 1
+        except Exception as exc:
+            _failed(exc)
+
+    def unavailable(self, engine: object, seconds: float, policies: Iterable[Any]) -> None:
+        try:
+            with self._lock:
+                tally = self._engines[type(engine)]
+                tally[bisect_left(BOUNDS, seconds)] += 1
+                tally[SUM] += seconds
+                for policy in policies:
+                    self._policies[policy.name][UNAVAILABLE] += 1
+        except Exception as exc:
+            _failed(exc)
+
+    # -- read by prometheus_client's registry ------------------------------------------
+
+    def describe(self) -> list[Any]:
+        """The two families without samples: the registry reserves their names."""
+        return self._families([], [], created=False)
+
+    def collect(self) -> list[Any]:
+        """Both families as they stand: one consistent copy, taken under the lock."""
+        # read at each scrape, as prometheus_client's own metrics do: its
+        # disable_created_metrics() switches this flag
+        from prometheus_client.metrics import _use_created  # optional, as above
+
+        with self._lock:
+            policies = [(k, list(v), self._policies.created[k])
+                        for k, v in self._policies.items()]
+            backends = [(k, list(v), self._backends.created[k])
+                        for k, v in self._backends.items()]
+        return self._families(policies, backends, created=_use_created)
+
+    @staticmethod
+    def _families(policies: list[tuple[str, list[float], float]],
+                  backends: list[tuple[str, list[float], float]], created: bool) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily, Metric  # optional, as above
+        from prometheus_client.utils import floatToGoString
+
+        requests = CounterMetricFamily(*REQUESTS, labels=["policy", "outcome"])
+        for name, counts, since in policies:
+            for outcome, count in zip(OUTCOMES, counts, strict=True):
+                requests.add_metric([name, outcome], count, since if created else None)
+        histogram = Metric(*ENGINE_SECONDS, "histogram")
+        family = ENGINE_SECONDS[0]
+        le = [floatToGoString(bound) for bound in BOUNDS]  # type: ignore[no-untyped-call]
+        for label, tally, since in backends:
+            labels = {"backend": label}
+            cumulative = 0.0
+            for bound, count in zip(le, tally, strict=False):  # the sum is not a bucket
+                cumulative += count
+                histogram.add_sample(f"{family}_bucket", {**labels, "le": bound}, cumulative)
+            histogram.add_sample(f"{family}_count", labels, cumulative)
+            histogram.add_sample(f"{family}_sum", labels, tally[SUM])
+            if created:
+                histogram.add_sample(f"{family}_created", labels, since)
+        return [requests, histogram]
+
+
+class MultiprocessRecorder(Recorder):
+    """prometheus_client's Counter and Histogram, whose values live in the worker's files
+    in PROMETHEUS_MULTIPROC_DIR: written at each increment, so no count waits in a
+    worker's memory for a scrape that another worker answers, or that comes after the
+    worker died. Slower per request than `InProcessRecorder`, which cannot promise that."""
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram  # optional, as above
+
+        target = REGISTRY if registry is None else registry
+        self.requests = Counter(*REQUESTS, ["policy", "outcome"], registry=target)
+        self.engine_seconds = Histogram(*ENGINE_SECONDS, ["backend"], buckets=ENGINE_BUCKETS,
+                                        registry=target)
         # Plain dicts: a lost race only resolves the same child twice (labels() is locked).
         self._policies: dict[str, tuple[Any, ...]] = {}
         self._backends: dict[type, Any] = {}
-        self._learnt: dict[str, Any] = {}
+        super().__init__(target)
 
     def _children(self, name: str) -> tuple[Any, ...]:
         children = self._policies.get(name)
@@ -99,46 +274,36 @@ class Recorder:
         kind = type(engine)
         child = self._backends.get(kind)
         if child is None:
-            # one server or a cluster (ClusterEngine): both are Redis round trips; the
-            # in-process engines (adaptive policies' too) answer without one
-            in_process = issubclass(kind, (MemoryEngine, AdaptiveEngine))
-            backend = "memory" if in_process else "redis"
-            child = self._backends[kind] = self.engine_seconds.labels(backend)
+            child = self._backends[kind] = self.engine_seconds.labels(backend(kind))
         return child
 
     def decided(self, engine: object, seconds: float, planned: Iterable[Any],
                 decision: Any) -> None:
-        """One engine answer: its latency and each policy's outcome (never raises).
-
-        `planned`: (policy, identity) pairs in the order of `decision.results`; each
-        result's outcome is the engine's own, the one its per-minute counters record.
-        """
         try:
             self._histogram(engine).observe(seconds)
             for (policy, _), result in zip(planned, decision.results, strict=True):
-                index = INDEX[result.outcome]
-                self._children(policy.name)[index].inc()
-        except Exception as exc:
-            _failed(exc)
-
-    def learnt(self, name: str, limit: int) -> None:
-        """An adaptive policy's limit after a sample (never raises)."""
-        try:
-            child = self._learnt.get(name)
-            if child is None:
-                child = self._learnt[name] = self.adaptive_limit.labels(name)
-            child.set(limit)
+                self._children(policy.name)[INDEX[result.outcome]].inc()
         except Exception as exc:
             _failed(exc)
 
     def unavailable(self, engine: object, seconds: float, policies: Iterable[Any]) -> None:
-        """The store failed: the failed call's latency; each policy's on_error decides."""
         try:
             self._histogram(engine).observe(seconds)
             for policy in policies:
                 self._children(policy.name)[UNAVAILABLE].inc()
         except Exception as exc:
             _failed(exc)
+
+
+def new_recorder(registry: Any = None) -> Recorder:
+    """The recorder for how prometheus_client stores values in this process."""
+    from prometheus_client import values  # optional, as above
+
+    # prometheus_client picks its value class once, when first imported, from
+    # PROMETHEUS_MULTIPROC_DIR: the files its values write to are what the scrape merges
+    if values.ValueClass is values.MutexValue:
+        return InProcessRecorder(registry)
+    return MultiprocessRecorder(registry)
 
 
 _failure_logged = False
@@ -170,7 +335,7 @@ def _decide(config: Mapping[str, Any]) -> Recorder | None:
     recorder = None
     if config["METRICS"] and available():
         if _default is None:
-            _default = Recorder()
+            _default = new_recorder()
         recorder = _default
     _state = (config, recorder)
     return recorder
