@@ -89,15 +89,69 @@ def client_ip(
 
     Behind a trusted peer, only `proxy_header` is read: "forwarded" (RFC 7239 `for=`),
     or any header holding comma-separated addresses ("x-forwarded-for", "x-real-ip").
+    The answer for a peer and header seen lately is remembered (`_clients`): a client's
+    next request reads it with one lookup.
     """
-    current = _parse_address(meta.get("REMOTE_ADDR"))
+    peer = meta.get("REMOTE_ADDR")
+    name = proxy_header.lower()
+    value = meta.get(meta_name(name))
+    if (type(trusted_proxies) is not tuple or not isinstance(peer, str)
+            or (value is not None and (not isinstance(value, str)
+                                       or len(value) > _REMEMBERED_HEADER))):
+        return _client_ip(meta, peer, name, value, trusted_proxies, ipv6_prefix)
+    if trusted_proxies is not _clients.trusted:
+        _clients.start(trusted_proxies)  # other settings: what was read no longer holds
+    # the tuple's id too: a thread still reading under the settings before keeps its
+    # answer apart from those read under the new ones
+    key = (peer, value, ipv6_prefix, name, id(trusted_proxies))
+    found = _clients.get(key)
+    if found is None:
+        address = _client_ip(meta, peer, name, value, trusted_proxies, ipv6_prefix)
+        if len(_clients) >= CLIENTS_KEPT:
+            _clients.clear()  # many clients: start again rather than grow
+        _clients[key] = (address, _proxied(peer, trusted_proxies))
+        return address
+    address, proxied = found
+    if proxied and not _other_header.warned and name in _PAIRED and _PAIRED_META[name] in meta:
+        # the warning is about this request's headers: asked as when read afresh
+        _other_header.notice(meta, _parse_address(peer), name)  # type: ignore[arg-type]
+    return address
+
+
+def _proxied(peer: str, trusted_proxies: Sequence[Network]) -> bool:
+    current = _parse_address(peer)
+    return current is not None and _is_trusted(current, trusted_proxies)
+
+
+class _Clients(dict[tuple[Any, ...], tuple[str | None, bool]]):
+    """(peer, proxy header's value, IPv6 prefix, header name, the trusted proxies' id) ->
+    the client address read from them, and whether the peer is a trusted proxy, for the
+    clients seen lately under the trusted proxies `trusted` (compared by identity: the
+    settings' own tuple)."""
+
+    trusted: Any = None
+
+    def start(self, trusted: Any) -> None:
+        self.clear()
+        self.trusted = trusted
+
+
+_clients = _Clients()
+#: At most this many are remembered; a header longer than `_REMEMBERED_HEADER` never is.
+CLIENTS_KEPT = 4_096
+_REMEMBERED_HEADER = 256
+runtime.on_reset(_clients.clear)
+
+
+def _client_ip(meta: Mapping[str, Any], peer: Any, name: str, value: Any,
+               trusted_proxies: Sequence[Network], ipv6_prefix: int) -> str | None:
+    """`client_ip`, read afresh."""
+    current = _parse_address(peer)
     if current is None:
         return None
     if _is_trusted(current, trusted_proxies):
         # Only a trusted peer may speak for someone else, and only in the header it sets:
         # a header the proxy passes through untouched is whatever the client wrote.
-        name = proxy_header.lower()
-        value = meta.get(meta_name(name))
         text = value if isinstance(value, str) else ""
         if name == "forwarded":
             hops = (_forwarded_for(e) for e in _rightmost(text))
@@ -122,6 +176,7 @@ def meta_name(header: str) -> str:
 
 
 _PAIRED = {"x-forwarded-for": "forwarded", "forwarded": "x-forwarded-for"}
+_PAIRED_META = {"x-forwarded-for": "HTTP_FORWARDED", "forwarded": "HTTP_X_FORWARDED_FOR"}
 _DISPLAY_NAME = {"x-forwarded-for": "X-Forwarded-For", "forwarded": "Forwarded"}
 
 
