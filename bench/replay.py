@@ -80,7 +80,7 @@ def policies():
     from ratelimits.engine import Limit
     from ratelimits.matching.keykinds import parse_key
     from ratelimits.matching.paths import PathPattern
-    from ratelimits.pipeline.resolver import CompiledPolicy
+    from ratelimits.pipeline.compiled import CompiledPolicy
 
     def compiled(i, name, mode, key, algorithm, limit, period, burst=None):
         return CompiledPolicy(

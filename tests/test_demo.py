@@ -332,7 +332,7 @@ def test_the_rollout_the_page_describes_takes_127_0_0_1_in_at_50_percent():
     """The page says 127.0.0.1 is out of shop-rollout at 25% and in at 50%."""
     from demo_project import settings as demo
     from demo_project.demo.seed import EXAMPLE_POLICIES
-    from ratelimits.pipeline.resolver import in_rollout
+    from ratelimits.pipeline.compiled import in_rollout
 
     (seeded,) = [p for p in EXAMPLE_POLICIES if p["name"] == "shop-rollout"]
     assert seeded["rollout"] == 25 and seeded["path"] == "/shop/"

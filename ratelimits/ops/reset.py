@@ -9,8 +9,8 @@ from typing import Any
 from ratelimits.conf import get_config
 from ratelimits.engine.interfaces import Engine
 from ratelimits.matching.keykinds import identity_from_text
+from ratelimits.pipeline.compiled import compile_policy
 from ratelimits.pipeline.engines import get_engine
-from ratelimits.pipeline.resolver import compile_policy
 
 #: What to type, for messages.
 HINT = "as the offenders table and the logs show it (ip:203.0.113.9, user:7) or the bare value"

@@ -36,6 +36,7 @@ from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.types import Decision
+from ratelimits.pipeline.compiled import PER_PROCESS, Snapshot
 from ratelimits.pipeline.engines import (
     count_in_store,
     get_adaptive_engine,
@@ -46,7 +47,7 @@ from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.release import adaptive_taken
-from ratelimits.pipeline.resolver import DB_CHECK_EVERY, PER_PROCESS, Snapshot, resolver
+from ratelimits.pipeline.resolver import DB_CHECK_EVERY, resolver
 from ratelimits.pipeline.routing import Route, admin_lets_in, is_exempt, route_of
 from ratelimits.pipeline.settling import pending_of
 from ratelimits.pipeline.state import Context, RequestState, http_request, process, state_for

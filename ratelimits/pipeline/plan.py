@@ -23,7 +23,7 @@ _NO_MEMBERS: Mapping[str, frozenset[str]] = {}
 class Planned:
     """One policy to decide for this request: the client's identity and its limit."""
 
-    policy: Any  # resolver.CompiledPolicy
+    policy: Any  # compiled.CompiledPolicy
     identity: str
     limit: Limit
 

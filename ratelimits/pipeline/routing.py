@@ -22,9 +22,10 @@ from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.matching.keykinds import KEY_KINDS
 from ratelimits.matching.paths import normalize_path
+from ratelimits.pipeline.compiled import Snapshot
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.report import log_safe
-from ratelimits.pipeline.resolver import Snapshot, resolver
+from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.state import RequestState, http_request
 
 logger = logging.getLogger("ratelimits")

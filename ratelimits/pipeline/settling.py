@@ -36,10 +36,10 @@ from asgiref.sync import sync_to_async
 from ratelimits import runtime
 from ratelimits.engine.keynames import to_us
 from ratelimits.engine.types import REFUND, Limit, Outcome
+from ratelimits.pipeline.compiled import PER_PROCESS
 from ratelimits.pipeline.engines import get_engine, get_local_engine
 from ratelimits.pipeline.plan import Planned
 from ratelimits.pipeline.release import arelease, release
-from ratelimits.pipeline.resolver import PER_PROCESS
 from ratelimits.pipeline.responses import decorate
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request
 from ratelimits.pipeline.verdict import Verdict

@@ -27,7 +27,7 @@ UNAVAILABLE_RETRY_AFTER = 1
 class PolicyOutcome:
     """What one policy said about one request; `result` is None when no engine decided."""
 
-    policy: Any  # resolver.CompiledPolicy
+    policy: Any  # compiled.CompiledPolicy
     identity: str
     result: Result | None = None
 

@@ -10,9 +10,10 @@ from asgiref.sync import sync_to_async
 
 from ratelimits import runtime
 from ratelimits.engine.errors import EngineError
+from ratelimits.pipeline.compiled import Snapshot
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.report import log_unavailable
-from ratelimits.pipeline.resolver import Snapshot, resolver
+from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.state import process
 
 #: A process that learns the policy version from no reply reads it at most this often.

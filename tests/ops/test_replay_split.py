@@ -10,7 +10,7 @@ import pytest
 
 from ratelimits.models import Policy
 from ratelimits.ops.replay import Replayer, jobs_for, replay_file
-from ratelimits.pipeline.resolver import compile_policy
+from ratelimits.pipeline.compiled import compile_policy
 
 STAMP = "{:02d}/Oct/2024:13:{:02d}:{:02d} +0000"
 

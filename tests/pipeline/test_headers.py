@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ratelimits.engine.types import Limit, Result
+from ratelimits.pipeline.compiled import CompiledPolicy
 from ratelimits.pipeline.headers import closest, rate_headers
-from ratelimits.pipeline.resolver import CompiledPolicy
 from ratelimits.pipeline.verdict import PolicyOutcome
 
 

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 
 from ratelimits.models import Policy
 from ratelimits.ops import observe
-from ratelimits.pipeline.resolver import compile_policy, in_rollout
+from ratelimits.pipeline.compiled import compile_policy, in_rollout
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def _draws_in_another_interpreter(clients: list[str], secret: str) -> str:
     code = (
         "from django.conf import settings; "
         f"settings.SECRET_KEY = {secret!r}; "
-        "from ratelimits.pipeline.resolver import in_rollout; "
+        "from ratelimits.pipeline.compiled import in_rollout; "
         f"print(''.join('1' if in_rollout('api', c, 25) else '0' for c in {clients!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

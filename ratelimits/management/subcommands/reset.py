@@ -14,7 +14,7 @@ from ratelimits.models import Policy
 from ratelimits.ops import observe
 from ratelimits.ops.reset import reset_client
 from ratelimits.pipeline import engines
-from ratelimits.pipeline.resolver import compile_policy
+from ratelimits.pipeline.compiled import compile_policy
 
 
 def add_arguments(parser: ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from ratelimits.ops.replay.formats import FORMATS, JSON_KEYS, LogError, open_log
 from ratelimits.ops.replay.replayer import Replayer, split_kind, unreplayable
 from ratelimits.ops.replay.report import PolicyReport, Report, ShardTally, build_report
-from ratelimits.pipeline.resolver import CompiledPolicy
+from ratelimits.pipeline.compiled import CompiledPolicy
 
 __all__ = [
     "FORMATS",

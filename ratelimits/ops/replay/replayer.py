@@ -29,7 +29,7 @@ from ratelimits.matching.keykinds import KEY_KINDS, KeyKind, Logged, LogReader
 from ratelimits.matching.paths import normalize_path
 from ratelimits.ops.replay.formats import PARSERS, BadLine, LogError, detect_format
 from ratelimits.ops.replay.report import ShardTally, SlotTally
-from ratelimits.pipeline.resolver import CompiledPolicy
+from ratelimits.pipeline.compiled import CompiledPolicy
 
 #: Bounds of the per-run caches; a full cache is emptied (its content is recomputable).
 CACHE_SIZE = 100_000

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ratelimits.models import Mode, Policy
-from ratelimits.pipeline.resolver import CompiledPolicy, compile_policy
+from ratelimits.pipeline.compiled import CompiledPolicy, compile_policy
 
 
 @dataclass(frozen=True)
