@@ -8,6 +8,9 @@ depend on these, never on a concrete engine or on attribute probes.
   `ClusterEngine`, `LocalFirst`).
 - `AsyncEngine`: the async half of a `StoreEngine`, awaited on the event loop (the
   asyncio twins of `engine.aio`).
+- `LocalLayer`: an engine a process decides in alone, in front of the store: it takes a
+  request's units now and gives them back when the store (or another layer) refuses it
+  (`MemoryEngine` for per-process policies, `AdaptiveEngine`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ratelimits.engine.acquire import Clock
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit
 
-__all__ = ["AsyncEngine", "Engine", "Holder", "StoreEngine"]
+__all__ = ["AsyncEngine", "Engine", "Holder", "LocalLayer", "StoreEngine"]
 
 
 class Holder(Protocol):
@@ -133,3 +136,16 @@ class AsyncEngine(Protocol):
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
         """Take a lease of `batch` units for each of `limits`, after giving back `back`."""
+
+
+class LocalLayer(Holder, Protocol):
+    """An engine this process decides in alone, all or nothing with the store."""
+
+    def take(self, limits: Sequence[Limit], now: float | None = None
+             ) -> tuple[Decision, Any]:
+        """Decide and charge `limits`: the decision, and a receipt `refund()` takes back
+        (None when nothing was charged)."""
+
+    def refund(self, receipt: Any) -> Decision:
+        """Give back what `take()` charged (something else refused the request): the
+        decision as if it had been refused here."""

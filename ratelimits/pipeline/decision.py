@@ -35,6 +35,7 @@ from django.utils.functional import SimpleLazyObject, empty
 from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.engine.errors import EngineError
+from ratelimits.engine.interfaces import LocalLayer
 from ratelimits.engine.types import Decision
 from ratelimits.pipeline.compiled import PER_PROCESS, Snapshot
 from ratelimits.pipeline.engines import (
@@ -48,7 +49,7 @@ from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.release import adaptive_taken
 from ratelimits.pipeline.resolver import DB_CHECK_EVERY, resolver
-from ratelimits.pipeline.routing import Route, admin_lets_in, is_exempt, route_of
+from ratelimits.pipeline.routing import Route, asks, defers, left_alone, route_of
 from ratelimits.pipeline.settling import pending_of
 from ratelimits.pipeline.state import Context, RequestState, http_request, process, state_for
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict, denies, judge, unidentified
@@ -216,42 +217,6 @@ def _fresh(snap: Snapshot | None) -> Snapshot:
     return snap
 
 
-def defers(ctx: Context, route: Route) -> bool:
-    """Whether the middleware leaves the request to its view's `PolicyThrottle` or
-    `@ratelimit`, which decides the unscoped and the scoped policies in one call."""
-    ctx.state.middleware = True
-    if route.deferred:
-        ctx.state.deferred = True
-        return True
-    return False
-
-
-def asks(ctx: Context, route: Route) -> bool:
-    """Whether `left_alone` calls what may block: `EXEMPT`, or the admin's user."""
-    state = ctx.state
-    return bool((state.exempt is None and ctx.config["EXEMPT"])
-                or (state.path is None and route.admin and not ctx.config["LIMIT_ADMIN"]))
-
-
-def left_alone(ctx: Context, route: Route) -> bool:
-    """Whether no policy looks at this request: `EXEMPT` exempts it, CommonMiddleware
-    redirects it to its path with a slash (the redirected request is the one charged), or
-    it is an admin page asked for by a user the admin lets in (unless `LIMIT_ADMIN`).
-    Asked once per request (its state keeps the answer)."""
-    state, config = ctx.state, ctx.config
-    if state.exempt is None and config["EXEMPT"]:
-        is_exempt(ctx.base, state, config)
-    if state.exempt:
-        return True
-    if state.path is None:
-        state.path = route.path
-        if route.redirect or (route.admin and not config["LIMIT_ADMIN"]
-                              and admin_lets_in(ctx.base)):
-            state.exempt = True
-            return True
-    return False
-
-
 async def _aplan(ctx: Context, route: Route, policies: list[Any],
                  snap: Snapshot) -> tuple[list[Planned], list[Any]]:
     """`plan` on the event loop: the user loaded first when a key reads it; in a thread
@@ -290,7 +255,7 @@ class Taken:
 
     __slots__ = ("decision", "engine", "own", "receipt", "seconds")
 
-    def __init__(self, engine: Any, own: list[Planned], decision: Decision, receipt: Any,
+    def __init__(self, engine: LocalLayer, own: list[Planned], decision: Decision, receipt: Any,
                  seconds: float) -> None:
         self.engine, self.own, self.decision = engine, own, decision
         self.receipt, self.seconds = receipt, seconds
@@ -356,7 +321,7 @@ def _take_local(step: Step) -> None:
     own = [p for p in planned if p.policy.counting == PER_PROCESS and not p.limit.spec.learned]
     shared = [p for p in planned
               if p.policy.counting != PER_PROCESS and not p.limit.spec.learned]
-    layers: list[tuple[Callable[[], Any], list[Planned]]] = [
+    layers: list[tuple[Callable[[], LocalLayer], list[Planned]]] = [
         (get_adaptive_engine, learned), (get_local_engine, own)]
     for i, (engine_of, mine) in enumerate(layers):
         if not mine:
@@ -466,7 +431,8 @@ def _held(ctx: Context, step: Step, layer: Taken) -> None:
     if decision.token is not None:
         hold(ctx.state, engine, decision)
         if layer.own[0].limit.spec.learned:  # the adaptive layer: its latency is a sample
-            adaptive_taken(ctx.request, engine, decision, [p.policy.name for p in layer.own])
+            adaptive_taken(ctx.request, get_adaptive_engine(), decision,
+                           [p.policy.name for p in layer.own])
     count_in_store(engine, decision, step.now)
     if step.recorder is not None:
         step.recorder.decided(engine, layer.seconds,

@@ -26,7 +26,7 @@ from ratelimits.pipeline.compiled import Snapshot
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.report import log_safe
 from ratelimits.pipeline.resolver import resolver
-from ratelimits.pipeline.state import RequestState, http_request
+from ratelimits.pipeline.state import Context, RequestState, http_request
 
 logger = logging.getLogger("ratelimits")
 
@@ -84,6 +84,42 @@ def route_of(base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> 
             routes.clear()  # many paths: start again rather than grow
         routes[key] = route
     return route
+
+
+def defers(ctx: Context, route: Route) -> bool:
+    """Whether the middleware leaves the request to its view's `PolicyThrottle` or
+    `@ratelimit`, which decides the unscoped and the scoped policies in one call."""
+    ctx.state.middleware = True
+    if route.deferred:
+        ctx.state.deferred = True
+        return True
+    return False
+
+
+def asks(ctx: Context, route: Route) -> bool:
+    """Whether `left_alone` calls what may block: `EXEMPT`, or the admin's user."""
+    state = ctx.state
+    return bool((state.exempt is None and ctx.config["EXEMPT"])
+                or (state.path is None and route.admin and not ctx.config["LIMIT_ADMIN"]))
+
+
+def left_alone(ctx: Context, route: Route) -> bool:
+    """Whether no policy looks at this request: `EXEMPT` exempts it, CommonMiddleware
+    redirects it to its path with a slash (the redirected request is the one charged), or
+    it is an admin page asked for by a user the admin lets in (unless `LIMIT_ADMIN`).
+    Asked once per request (its state keeps the answer)."""
+    state, config = ctx.state, ctx.config
+    if state.exempt is None and config["EXEMPT"]:
+        is_exempt(ctx.base, state, config)
+    if state.exempt:
+        return True
+    if state.path is None:
+        state.path = route.path
+        if route.redirect or (route.admin and not config["LIMIT_ADMIN"]
+                              and admin_lets_in(ctx.base)):
+            state.exempt = True
+            return True
+    return False
 
 
 def throttle_decides(request: Any, snap: Snapshot | None = None) -> bool:
