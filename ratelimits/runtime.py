@@ -88,11 +88,9 @@ class Clock(Protocol):
 class RealClock:
     """The system's clocks and waits."""
 
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # the system's own functions, not wrappers: read on every request
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

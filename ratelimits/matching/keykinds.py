@@ -9,6 +9,7 @@ choices and traffic replay all derive from the table. Nothing here imports Djang
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import re
 import unicodedata
@@ -452,6 +453,11 @@ class KeySpec:
 
     kind: str
     arg: str = ""
+    #: The kind's row of `KEY_KINDS`.
+    entry: KeyKind = dataclasses.field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entry", KEY_KINDS[self.kind])
 
     def identify(
         self,
@@ -462,10 +468,13 @@ class KeySpec:
         proxy_header: str = DEFAULT_PROXY_HEADER,
     ) -> str | None:
         """The client identity for this key, or None when the policy does not apply."""
-        entry = KEY_KINDS[self.kind]
+        return self.read(request, Proxies(trusted_proxies, ipv6_prefix, proxy_header))
+
+    def read(self, request: Any, proxies: Proxies) -> str | None:
+        """`identify()`, with how the client address is read given as one value."""
+        entry = self.entry
         try:
-            value = entry.read(request, self.arg, Proxies(trusted_proxies, ipv6_prefix,
-                                                          proxy_header))
+            value = entry.read(request, self.arg, proxies)
         except IdentityError:
             raise
         except Exception as exc:

@@ -154,7 +154,7 @@ class Pass:
         return prepare(self.ctx, policies, planned, failed)
 
     def judge(self, step: Step, reply: tuple[Any, Decision | EngineError] | None) -> None:
-        got, self.version = finish(self.ctx, self.snap, step, reply)
+        got, self.version = finish(self.ctx, self.snap, step, reply, self.route.settles)
         self.verdict = got if self.verdict is None else self.verdict.merged(got)
 
     def stale(self) -> bool:
@@ -368,17 +368,19 @@ async def asend(step: Step) -> tuple[Any, Decision | EngineError]:
 
 
 def finish(ctx: Context, snap: Snapshot, step: Step,
-           reply: tuple[Any, Decision | EngineError] | None) -> tuple[Verdict, Any]:
+           reply: tuple[Any, Decision | EngineError] | None,
+           settles: bool = True) -> tuple[Verdict, Any]:
     """The verdict on a step, and what its store's reply said of the policy version:
     False when `snap` is current (or the store was out of reach: the version waits for
-    it), else the version to look for (None: the reply carried none)."""
+    it), else the version to look for (None: the reply carried none). `settles`: some
+    policy of the step may wait for its response (the route says)."""
     if step.verdict is not None:  # refused before any engine was asked
         return step.verdict, False
     verdict, decision = judge_step(ctx, step, reply)
     state = ctx.state
     settle(state, step.place, verdict)
     # what an admitted request's response may take back or clear (see `settling`)
-    if verdict.allowed and any([p.policy.settles for p in step.planned]):
+    if settles and verdict.allowed and any([p.policy.settles for p in step.planned]):
         state.pending = [*state.pending, *pending_of(step.planned, verdict)]
     if decision is UNREACHED:
         return verdict, False

@@ -12,6 +12,7 @@ from ratelimits import runtime
 from ratelimits.engine.records import quick_init
 from ratelimits.engine.types import Limit
 from ratelimits.matching.identity import IdentityError
+from ratelimits.matching.keykinds import Proxies
 from ratelimits.pipeline.report import log_identity_error
 
 logger = logging.getLogger("ratelimits")
@@ -44,21 +45,16 @@ def plan(
     """
     planned: list[Planned] = []
     failed: list[Any] = []
-    trusted, prefix = config["TRUSTED_PROXIES"], config["IPV6_PREFIX"]
-    seen: dict[Any, str | None] = {}  # policies sharing a key identify the client once
+    proxies = _proxies.of(config)
+    seen: dict[str, str | None] = {}  # policies sharing a key identify the client once
     now = 0.0  # read once, by the first policy with overrides
     for policy in policies:
-        spec = policy.key_spec
+        spec, key = policy.key_spec, policy.key
         try:
-            if spec in seen:
-                identity = seen[spec]
+            if key in seen:
+                identity = seen[key]
             else:
-                identity = seen[spec] = spec.identify(
-                    request,
-                    trusted_proxies=trusted,
-                    ipv6_prefix=prefix,
-                    proxy_header=config["PROXY_HEADER"],
-                )
+                identity = seen[key] = spec.read(request, proxies)
         except IdentityError as exc:
             log_identity_error(request, policy, exc)
             failed.append(policy)
@@ -82,6 +78,25 @@ def plan(
                 limit = dataclasses.replace(limit, cost=cost)
         planned.append(Planned(policy, identity, limit))
     return planned, failed
+
+
+class _LastProxies:
+    """How the settings now say the client address is read, built once per settings (the
+    pair swapped whole: a thread never reads one settings' proxies for another's)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[Any, Proxies] = (None, Proxies())
+
+    def of(self, config: Mapping[str, Any]) -> Proxies:
+        seen, proxies = self.last
+        if config is not seen:
+            proxies = Proxies(config["TRUSTED_PROXIES"], config["IPV6_PREFIX"],
+                              config["PROXY_HEADER"])
+            self.last = (config, proxies)
+        return proxies
+
+
+_proxies = _LastProxies()
 
 
 def cost_of(request: Any, policy: Any, limit: Limit) -> int:

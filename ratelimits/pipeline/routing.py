@@ -16,6 +16,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.urls import Resolver404, get_resolver
 from django.utils.module_loading import import_string
 
 from ratelimits import runtime
@@ -38,7 +39,7 @@ class Route:
     """What requests of one method and path ask of one snapshot (see `route_of`)."""
 
     __slots__ = ("admin", "calls_code", "deferred", "local", "overridden", "path",
-                 "policies", "reads_user", "redirect")
+                 "policies", "reads_user", "redirect", "settles")
 
     def __init__(self, base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> None:
         path_info = base.path_info
@@ -63,6 +64,8 @@ class Route:
             p.cost_of is not None for p in policies)
         self.overridden = any(p.overrides is not None for p in policies)
         self.local = any(p.in_process for p in policies)
+        #: A policy's response may charge or clear the count (`charge_on`, `reset_on`).
+        self.settles = any(p.settles for p in policies)
 
 
 #: The scopes of a request outside DRF: only policies without a scope apply.
@@ -73,8 +76,6 @@ def route_of(base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> 
     """The route of `base` (an HttpRequest) for `scopes` on `snap`, worked out at its
     first request. Keyed by the URL resolver too: a URLconf changed in place is seen
     after `clear_url_caches()`, as Django sees it."""
-    from django.urls import get_resolver
-
     key = (get_resolver(getattr(base, "urlconf", None)), base.path_info, method, scopes)
     routes = snap.routes
     route: Route | None = routes.get(key)
@@ -177,8 +178,6 @@ VIEWS_KEPT = 2_048
 
 def _view_of(base: Any) -> Any:
     """The view function `base`'s path resolves to, None when none does."""
-    from django.urls import Resolver404, get_resolver
-
     path = base.path_info
     try:
         urls = get_resolver(getattr(base, "urlconf", None))
