@@ -289,12 +289,12 @@ class Decision:
     @property
     def rejected_by(self) -> tuple[Result, ...]:
         """Enforced results that refused the request."""
-        return tuple(r for r in self.results if not r.allowed and not r.limit.shadow)
+        return tuple([r for r in self.results if not r.allowed and not r.limit.shadow])
 
     @property
     def would_reject(self) -> tuple[Result, ...]:
         """Shadow results that would have refused the request."""
-        return tuple(r for r in self.results if not r.allowed and r.limit.shadow)
+        return tuple([r for r in self.results if not r.allowed and r.limit.shadow])
 
     def holding(self) -> list[tuple[Limit, list[str]]]:
         """The slots this request holds: each holding limit and its members' names (what

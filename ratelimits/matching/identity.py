@@ -443,6 +443,8 @@ def bounded(kind: str, value: str) -> str:
 def display_identity(identity: str) -> str:
     """A log-safe form: printable, control characters escaped, at most 80 characters."""
     text = identity if isinstance(identity, str) else str(identity)
+    if len(text) <= _MAX_DISPLAY and text.isprintable():  # the usual identity, as it is
+        return text
     head = text[: _MAX_DISPLAY + 1]
     shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in head)
     if len(shown) > _MAX_DISPLAY or len(text) > len(head):

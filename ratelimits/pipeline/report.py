@@ -79,6 +79,14 @@ def report(request: Any, outcome: Any, sender: type) -> None:
     """One log record and one signal for a rejection or a would-be rejection."""
     from ratelimits.matching.identity import display_identity
 
+    if outcome.shadow:
+        level, what, signal = logging.WARNING, "shadow policy %s would reject", (
+            signals.request_would_be_limited
+        )
+    else:
+        level, what, signal = logging.INFO, "policy %s rejected", signals.request_limited
+    if not signal.receivers and not logger.isEnabledFor(level):
+        return  # a flood answered from memory: nothing to tell, nothing to build
     policy, result = outcome.policy, outcome.result
     path = path_of(request)
     shown = display_identity(outcome.identity)
@@ -91,12 +99,6 @@ def report(request: Any, outcome: Any, sender: type) -> None:
         "path": path,
     }
     extra = {f"ratelimits_{k}": v for k, v in kwargs.items() if k != "request"}
-    if outcome.shadow:
-        level, what, signal = logging.WARNING, "shadow policy %s would reject", (
-            signals.request_would_be_limited
-        )
-    else:
-        level, what, signal = logging.INFO, "policy %s rejected", signals.request_limited
     logger.log(
         level,
         f"ratelimits: {what} %s %s (key %s, client %s, retry after %.1fs)",

@@ -50,14 +50,15 @@ def reject(request: Any, rejection: Rejection) -> HttpResponse:
 
 def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
     """Render the configured REJECT_VIEW (falling back to `reject` if it fails)."""
+    refused = verdict.rejected_by
     rejection = Rejection(
         status=verdict.status,
         retry_after=verdict.retry_after,
-        policies=tuple(o.policy.name for o in verdict.rejected_by),
+        policies=tuple([o.policy.name for o in refused]),
         verdict=verdict,
     )
     base = http_request(request)
-    state_for(base).refuse(verdict)
+    state_for(base).refused_by = refused  # the response's headers are theirs alone
     view_path = get_config()["REJECT_VIEW"]
     response = None
     if view_path:

@@ -68,11 +68,11 @@ class Verdict:
     @property
     def rejected_by(self) -> tuple[PolicyOutcome, ...]:
         """The enforced policies that refused the request."""
-        return tuple(
+        return tuple([
             o
             for o in self.outcomes
             if o.result is not None and o.result.outcome is Outcome.REJECTED
-        )
+        ])
 
     def merged(self, other: Verdict) -> Verdict:
         """This verdict and a later one for the same request (after a policy reload)."""
@@ -127,7 +127,7 @@ def judge(
     if not decision.allowed:
         # an adaptive limit refuses for the service's sake, not the client's rate
         rejected = decision.rejected_by
-        overloaded = rejected and all(r.limit.spec.learned for r in rejected)
+        overloaded = rejected and all([r.limit.spec.learned for r in rejected])
         return Verdict(UNAVAILABLE if overloaded else LIMITED, outcomes, (decision,))
     if failed and denies(failed):  # the flow refuses before asking (`unidentified`)
         return Verdict(UNAVAILABLE, outcomes, (decision,), own_retry_after=UNAVAILABLE_RETRY_AFTER)
