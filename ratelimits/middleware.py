@@ -13,15 +13,9 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 
 from ratelimits.checks import ensure_valid
 from ratelimits.pipeline import evaluation, settling
-from ratelimits.pipeline.evaluation import UNSCOPED
+from ratelimits.pipeline.evaluation import ADMITTED, UNSCOPED
 from ratelimits.pipeline.responses import rejection_response
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, state_for
-
-
-def _view_starts(request: Any) -> None:
-    state = getattr(request, STATE_ATTR, None)
-    if state is not None:
-        state.view_started = True
 
 
 class RateLimitMiddleware:
@@ -45,25 +39,17 @@ class RateLimitMiddleware:
         """The view is called next: from here on, its request stays charged whatever the
         client does (under ASGI a client that goes away cancels the request's task, but
         not the thread a sync view runs in)."""
-        _view_starts(request)
+        state = getattr(request, STATE_ATTR, None)
+        if state is not None:
+            state.view_started = True
 
     async def _aprocess_view(self, request: Any, view: Any, args: Any, kwargs: Any) -> None:
-        _view_starts(request)
-
-    def _evaluate(self, request: Any, state: RequestState) -> Any:
-        return evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state,
-                                   middleware=True)
-
-    async def _aevaluate(self, request: Any, state: RequestState) -> Any:
-        return await evaluation.aevaluate(request, scopes=UNSCOPED, sender=type(self),
-                                          state=state, middleware=True)
+        RateLimitMiddleware.process_view(self, request, view, args, kwargs)
 
     def _after(self, request: Any, state: RequestState, response: Any) -> Any:
         """A request left to the throttle that DRF answered before its throttles ran (a
         failed authentication, a permission denied): its unscoped policies are decided
         now, so such requests stay limited; over a limit, the answer is the 429."""
-        if not state.deferred or state.throttled:
-            return response
         verdict = evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state)
         if verdict is not None and not verdict.allowed:
             return rejection_response(request, verdict)
@@ -82,12 +68,17 @@ class RateLimitMiddleware:
             raise
 
     def _respond(self, request: Any, state: RequestState) -> Any:
-        verdict = self._evaluate(request, state)
-        if verdict is not None and verdict.allowed and verdict.delay > 0:
-            verdict = evaluation.wait_turn(verdict)
-        if verdict is not None and not verdict.allowed:
-            return rejection_response(request, verdict)
-        return self._after(request, state, self.get_response(request))
+        verdict = evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state,
+                                      middleware=True)
+        if verdict is not None:
+            if verdict.status == ADMITTED and verdict.delay > 0:
+                verdict = evaluation.wait_turn(verdict)
+            if verdict.status != ADMITTED:
+                return rejection_response(request, verdict)
+        response = self.get_response(request)
+        if state.deferred and not state.throttled:
+            return self._after(request, state, response)
+        return response
 
     async def __acall__(self, request: Any) -> Any:
         # Decided on the event loop (the store awaited, see engine.aio); a refusal's
@@ -103,11 +94,13 @@ class RateLimitMiddleware:
             raise
 
     async def _arespond(self, request: Any, state: RequestState) -> Any:
-        verdict = await self._aevaluate(request, state)
-        if verdict is not None and verdict.allowed and verdict.delay > 0:
-            verdict = await evaluation.await_turn(verdict)
-        if verdict is not None and not verdict.allowed:
-            return await sync_to_async(rejection_response)(request, verdict)
+        verdict = await evaluation.aevaluate(request, scopes=UNSCOPED, sender=type(self),
+                                             state=state, middleware=True)
+        if verdict is not None:
+            if verdict.status == ADMITTED and verdict.delay > 0:
+                verdict = await evaluation.await_turn(verdict)
+            if verdict.status != ADMITTED:
+                return await sync_to_async(rejection_response)(request, verdict)
         response = await self.get_response(request)
         if state.deferred and not state.throttled:
             response = await sync_to_async(self._after)(request, state, response)
