@@ -1,10 +1,12 @@
 """The request path of a store engine on asyncio: no thread, no blocking socket.
 
 `AsyncRedisEngine` is the async half (`interfaces.AsyncEngine`) of a `RedisEngine`, its
-twin: it awaits the twin's own flows (`RedisEngine.deciding`, `reading_version`,
-`releasing`, `leasing`), performing each command they need on `redis.asyncio`. So the
-function or script, its recovery when the server lost it, the circuit breaker, the tally
-of counts carried by the calls and the heartbeat are the twin's, written once.
+twin: a decision and a version read take the twin's own pure steps (`RedisEngine.batch`
+and `decided`, `version_read`) around one command awaited on `redis.asyncio`, and the
+twin's rare flows (the library or script reloaded, a heartbeat, `releasing`, `leasing`)
+are awaited with each command they need sent there. So the function or script, its
+recovery when the server lost it, the tally of counts carried by the calls and the
+heartbeat are the twin's, written once.
 Everything off the request path (counters, offenders, resets, giving leases back at
 exit, closing) is the twin's: call it there.
 
@@ -23,7 +25,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 
-from ratelimits.engine.breaker import CircuitBreaker, reporting
+from ratelimits.engine.breaker import CLOSED, CircuitBreaker, reporting
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.cluster_fanout import (
     CLUSTER_UNAVAILABLE,
@@ -35,9 +37,10 @@ from ratelimits.engine.cluster_fanout import (
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow, arun_flow
+from ratelimits.engine.functions import StoredScript
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.redis_backend import RedisEngine
+from ratelimits.engine.redis_backend import Chores, RedisEngine, beating_call, version_of
 from ratelimits.engine.transport import admit, aperform, failed
 from ratelimits.engine.types import Decision, Limit
 
@@ -87,11 +90,21 @@ class AsyncRedisEngine:
 
     async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
-        return await self._run(self.twin.deciding(limits, now))
+        twin = self.twin
+        if not limits and not twin.version_key:
+            return Decision(allowed=True, results=())
+        command, token, chores = twin.batch(limits, now)
+        try:
+            reply = await self._exchange(command, chores, now, twin.script)
+        except EngineError as exc:
+            twin.unsent(limits, token, chores, exc)
+            raise
+        return twin.decided(limits, reply, token)
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, carrying a heartbeat when one is due."""
-        return await self._run(self.twin.reading_version(now))
+        command, chores = self.twin.version_read()
+        return version_of(await self._exchange(command, chores, now, None))
 
     async def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds (one round trip)."""
@@ -101,6 +114,28 @@ class AsyncRedisEngine:
                     back: Sequence[Leftover] = ()) -> list[Grant]:
         """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
         return await self._run(self.twin.leasing(limits, now, back))
+
+    async def _exchange(self, command: tuple[Any, ...], chores: Chores | None,
+                       now: float | None, script: StoredScript | None) -> Any:
+        """The twin's `_exchange()`, awaited on this loop's client."""
+        breaker = self.twin.breaker
+        if breaker is not None and breaker.state != CLOSED:
+            admit(breaker)
+        try:
+            if chores is None or chores.beat is None:
+                try:
+                    reply = await self.client().execute_command(*command)  # type: ignore[no-untyped-call]
+                except redis.ResponseError as exc:
+                    if script is None:
+                        raise
+                    reply = await self._run(script.recovering(exc, command[2:]))
+            else:
+                reply = await self._run(beating_call(chores.beat, command, now, script))
+        except redis.RedisError as exc:
+            raise failed(exc, breaker) from exc
+        if breaker is not None and not breaker.clear:
+            breaker.success()
+        return reply
 
     async def _run(self, flow: Flow[T]) -> T:
         """Await `flow`, each command it needs sent on this loop's client."""

@@ -33,6 +33,9 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probing = False
         self.state = CLOSED
+        #: Closed with no failure counted: a call's success has nothing to tell (read
+        #: without the lock by callers that skip `success()` then).
+        self.clear = True
         #: How many times the circuit opened: lets callers log once per outage.
         self.trips = 0
 
@@ -50,17 +53,19 @@ class CircuitBreaker:
             return False
 
     def success(self) -> None:
-        if self.state == CLOSED and self._count == 0:
+        if self.clear:
             return
         with self._lock:
             self._count = 0
             self._probing = False
             self.state = CLOSED
+            self.clear = True
 
     def failure(self) -> None:
         with self._lock:
             self._count += 1
             self._probing = False
+            self.clear = False
             if self.state == HALF_OPEN or self._count >= self.failures:
                 if self.state == CLOSED:  # a failed probe is the same outage
                     self.trips += 1

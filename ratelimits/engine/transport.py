@@ -111,6 +111,13 @@ class Wire:
         #: all checked out of the client's pool, and checked back in by `close()`
         self.warm: list[Any] = []
         self.cold: list[Any] = []
+        #: each kept connection's socket and its poller (see `_stale`)
+        self._pollers: dict[Any, tuple[Any, Any]] = {}
+        #: hiredis's packer where redis-py would pack with it (the same bytes, without
+        #: the connection's layers around it); None: the connection packs
+        self.pack: Any = (_PACK if self.callbacks is not None and
+                          client.connection_pool.connection_kwargs.get("command_packer") is None
+                          else None)
         if self.callbacks is not None:  # the pool held weakly: it holds this wire
             weakref.finalize(self, _check_in_later, weakref.ref(client.connection_pool),
                              self.warm, self.cold)
@@ -119,13 +126,43 @@ class Wire:
     def perform(self, need: Need) -> Any:
         """Send `need` and read its reply (see `perform`)."""
         callbacks = self.callbacks
-        if type(need) is not Command or callbacks is None or need.args[0] in callbacks:
+        if (type(need) is not Command or callbacks is None or need.args[0] in callbacks
+                or " " in need.args[0]):
             return perform(self.client, need)
-        connection, connected = self._take()
+        return self.call(need.args)
+
+    def call(self, args: tuple[Any, ...]) -> Any:
+        """Send one command that has no reply callback (FCALL, EVALSHA, GET ...) and read
+        its reply: `perform(Command(*args))` without asking which path it takes.
+
+        An idle connection whose socket was polled before goes at once: polled again
+        (see `_fresh`), the command packed as redis-py packs it and written to that
+        socket, the reply read by the connection. Anything else (no idle connection,
+        a new socket, a poll that says stale) is settled by `_ready` first."""
+        if self.callbacks is None:
+            return perform(self.client, Command(*args))
+        connection: Any = None
         try:
-            if not connected:
-                connection.connect()  # a Sentinel connection asks for the master here
-            connection.send_command(*need.args, check_health=False)
+            connection = self.warm.pop()
+            sock, poller = self._pollers[connection]
+            if sock is not connection._sock or poller.poll(0):
+                sock = None  # another socket, or the server closed this one
+        except (LookupError, OSError, ValueError):  # none idle, not polled yet, poll failed
+            sock = None
+        if sock is None:
+            connection, sock = self._ready(connection)
+        try:
+            if sock is None or self.pack is None:
+                connection.send_command(*args, check_health=False)
+            else:  # what goes wrong raised as redis-py's `send_packed_command` raises it
+                try:
+                    sock.sendall(self.pack(args))
+                except TypeError as exc:  # a value redis-py cannot send either
+                    raise redis.DataError(str(exc)) from exc
+                except TimeoutError as exc:  # (socket.timeout)
+                    raise redis.TimeoutError("Timeout writing to socket") from exc
+                except OSError as exc:
+                    raise redis.ConnectionError(f"Error while writing to socket: {exc}") from exc
             reply = connection.read_response()
         except redis.ResponseError:
             self.warm.append(connection)  # an error reply: the connection is sound
@@ -137,60 +174,88 @@ class Wire:
         self.warm.append(connection)
         return reply
 
-    def _take(self) -> tuple[Any, bool]:
-        """A connection and whether it is connected: a warm one if one is idle (checked
-        as the pool checks its own), else one to connect again (a failure's), else one
-        checked out of the client's pool, connected and checked by it."""
-        try:
-            connection = self.warm.pop()
-        except IndexError:
+    def _ready(self, connection: Any) -> tuple[Any, Any]:
+        """A connection ready for a command, from `connection` (an idle one the quick
+        look of `call` did not clear, or None), and its socket when it can be polled
+        (None: use the connection's own calls): an idle one checked as the pool checks
+        its own, else one to connect again (a failure's), else one checked out of the
+        client's pool, connected and checked by it."""
+        if connection is None:
             try:
-                return self.cold.pop(), False
+                connection = self.cold.pop()
             except IndexError:
-                return self.client.connection_pool.get_connection(), True
-        if _stale(connection):
+                connection = self.client.connection_pool.get_connection()
+            else:
+                connection.connect()  # a Sentinel connection asks for the master here
+        elif self._stale(connection):
             connection.disconnect()
-            return connection, False
-        return connection, True
+            connection.connect()
+        return connection, self._polled(connection)
+
+    def _polled(self, connection: Any) -> Any:
+        """The connection's socket, with a poller kept for it (None: none to poll)."""
+        sock = getattr(connection, "_sock", None)
+        if sock is None or _POLL is None:
+            return None
+        poller = _POLL()
+        try:
+            poller.register(sock, select.POLLIN)
+        except (OSError, ValueError, TypeError):
+            return None
+        self._pollers[connection] = (sock, poller)
+        return sock
+
+    def _stale(self, connection: Any) -> bool:
+        """Whether an idle connection must not carry a command: the server closed it (a
+        restart, its idle timeout), or data no call asked for waits on it.
+
+        One poll(2) of its socket, which reads as ready in both cases: redis-py's
+        `can_read()`, asked where there is no socket to poll, answers the same for
+        several times the cost (the socket's timeout changed twice, a read that fails,
+        an exception). No reply waits in the parser's buffer: a call that stopped
+        half-way disconnects its connection (see `call`).
+        """
+        if self._polled(connection) is not None:
+            try:
+                return bool(self._pollers[connection][1].poll(0))
+            except (OSError, ValueError, TypeError):
+                return True
+        try:
+            return bool(connection.can_read())
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return True
 
     def close(self) -> None:
         """Check the idle connections back into the client's pool."""
         if self.callbacks is not None:
             _check_in(self.client.connection_pool, self.warm, self.cold)
+        self._pollers.clear()
 
     def forget(self) -> None:
         """Drop the connections without touching their sockets: a forked child's copies
         belong to the parent (the child's pool starts afresh too)."""
         self.warm.clear()
         self.cold.clear()
-
-
-def _stale(connection: Any) -> bool:
-    """Whether an idle connection must not carry a command: the server closed it (a
-    restart, its idle timeout), or data no call asked for waits on it.
-
-    One poll(2) of its socket, which reads as ready in both cases: redis-py's
-    `can_read()`, asked where there is no socket to poll, answers the same for several
-    times the cost (the socket's timeout changed twice, a read that fails, an exception).
-    No reply waits in the parser's buffer: a call that stopped half-way disconnects its
-    connection (see `Wire.perform`).
-    """
-    sock = getattr(connection, "_sock", None)
-    if sock is not None and _POLL is not None:
-        try:
-            poller = _POLL()
-            poller.register(sock, select.POLLIN)
-            return bool(poller.poll(0))
-        except (OSError, ValueError, TypeError):
-            return True
-    try:
-        return bool(connection.can_read())
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return True
+        self._pollers.clear()
 
 
 #: poll(2), where the platform has it (not on Windows)
 _POLL = getattr(select, "poll", None)
+
+
+def _hiredis_packer() -> Any:
+    """hiredis's `pack_command` when redis-py packs commands with it (hiredis installed,
+    a redis-py that has its hiredis serializer), else None."""
+    try:
+        import hiredis
+        from redis.connection import HiredisRespSerializer  # noqa: F401  (its presence)
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError:
+        return None
+    return hiredis.pack_command if HIREDIS_AVAILABLE else None
+
+
+_PACK = _hiredis_packer()
 
 
 #: The attribute of a connection pool that holds its wire (see `wire_of`).
