@@ -272,22 +272,15 @@ def decide(
     """
     holds, need = reserve(book, limits, at)
     refused: dict[int, Grant] = {}
-    if need:
-        wanted, back = [limits[i] for i in need], book.leftovers()
-        try:
-            grants = store.lease(wanted, now, back=back)
-        except BaseException:
-            book.cancel_all(holds)
-            raise
-        refused = granted(book, need, grants, holds, at)
-    asked = unleased(limits, refused)
-    stored = None
-    if asked:
-        try:
-            stored = store.evaluate(asked, now)
-        except BaseException:
-            book.cancel_all(holds)
-            raise
+    try:
+        if need:
+            wanted, back = [limits[i] for i in need], book.leftovers()
+            refused = granted(book, need, store.lease(wanted, now, back=back), holds, at)
+        asked = unleased(limits, refused)
+        stored = store.evaluate(asked, now) if asked else None
+    except BaseException:
+        book.cancel_all(holds)  # nothing is spent when the store fails
+        raise
     return settle(book, limits, holds, refused, stored)
 
 
@@ -297,22 +290,16 @@ async def adecide(
     """`decide()` with a store whose `lease` and `evaluate` are awaited (`engine.aio`)."""
     holds, need = reserve(book, limits, at)
     refused: dict[int, Grant] = {}
-    if need:
-        wanted, back = [limits[i] for i in need], book.leftovers()
-        try:
+    try:
+        if need:
+            wanted, back = [limits[i] for i in need], book.leftovers()
             grants = await store.lease(wanted, now, back=back)
-        except BaseException:
-            book.cancel_all(holds)
-            raise
-        refused = granted(book, need, grants, holds, at)
-    asked = unleased(limits, refused)
-    stored = None
-    if asked:
-        try:
-            stored = await store.evaluate(asked, now)
-        except BaseException:
-            book.cancel_all(holds)
-            raise
+            refused = granted(book, need, grants, holds, at)
+        asked = unleased(limits, refused)
+        stored = await store.evaluate(asked, now) if asked else None
+    except BaseException:
+        book.cancel_all(holds)
+        raise
     return settle(book, limits, holds, refused, stored)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -116,19 +115,21 @@ class DenyCache:
         results = []
         retry = 0.0
         for i, limit in enumerate(limits):
-            entry = hits.get(i)
-            if entry is None:  # not consulted: nothing was charged, as on any refusal
+            if i not in hits:  # not consulted: nothing was charged, as on any refusal
                 results.append(Result(limit, True, 0, 0.0, 0.0, outcome=Outcome.SPARED))
                 continue
-            _, retry_at, reset_at = entry
-            retry_after = max(0.0, retry_at - at)
-            if not limit.shadow:
-                retry = max(retry, retry_after)
-            results.append(Result(limit, False, 0, max(0.0, reset_at - at), retry_after,
-                                  outcome=Outcome.WOULD_REJECT if limit.shadow
+            _, retry_at, reset_at = hits[i]
+            retry_after = retry_at - at if retry_at > at else 0.0
+            if not limit.shadow and retry_after > retry:
+                retry = retry_after
+            results.append(Result(limit, False, 0, reset_at - at if reset_at > at else 0.0,
+                                  retry_after, outcome=Outcome.WOULD_REJECT if limit.shadow
                                   else Outcome.REJECTED))
+        whole = int(retry)  # whole seconds, at least one (`Decision.retry_after`)
+        if whole < retry:
+            whole += 1
         return Decision(allowed=False, results=tuple(results),
-                        retry_after=max(1, math.ceil(retry)))
+                        retry_after=whole if whole > 1 else 1)
 
     def forget(self, limit: Limit) -> None:
         """Drop what is remembered of one client under one limit (after a reset)."""
