@@ -19,49 +19,39 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 
-from ratelimits.engine.breaker import CLOSED, CircuitBreaker, reporting
+from ratelimits.engine.breaker import CLOSED
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.cluster_fanout import (
-    CLUSTER_UNAVAILABLE,
     Exchange,
     Need,
-    NodePipeline,
     OnClient,
     SlotCall,
 )
-from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.errors import EngineError
 from ratelimits.engine.flows import Flow, arun_flow
 from ratelimits.engine.functions import StoredScript
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.redis_backend import Chores, RedisEngine, beating_call, version_of
-from ratelimits.engine.transport import admit, aperform, failed
+from ratelimits.engine.transport import (
+    UNAVAILABLE_ERRORS,
+    Pipelined,
+    admit,
+    aguarded,
+    aperform,
+    failed,
+)
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["AsyncClusterEngine", "AsyncNodes", "AsyncRedisEngine"]
 
 T = TypeVar("T")
-
-
-async def _breaking(breaker: CircuitBreaker | None, call: Coroutine[Any, Any, T]) -> T:
-    """Await `call` behind `breaker`: it fails fast while the breaker is open; a redis
-    error becomes an engine error; each engine error counts as a failure."""
-    try:
-        admit(breaker)
-    except EngineUnavailable:
-        call.close()  # never awaited: no warning about it
-        raise
-    with reporting(breaker):
-        try:
-            return await call
-        except redis.RedisError as exc:
-            raise failed(exc, None) from exc  # reporting() tells the breaker
 
 
 class AsyncRedisEngine:
@@ -171,7 +161,7 @@ class AsyncNodes:
         clients, a call of the blocking cluster client in a worker thread."""
         if isinstance(need, Exchange):
             return await self._exchange(need.jobs, need.calls)
-        if isinstance(need, NodePipeline):
+        if isinstance(need, Pipelined):
             return await self._pipeline(need.node, need.commands)
         if isinstance(need, OnClient):
             return await asyncio.to_thread(need.call)
@@ -193,7 +183,7 @@ class AsyncNodes:
         async def node_calls(node: Any, slots: list[int]) -> list[tuple[int, Any]]:
             try:
                 got = await self._pipeline(node, [calls[slot].command() for slot in slots])
-            except CLUSTER_UNAVAILABLE as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 return [(slot, exc) for slot in slots]
             return list(zip(slots, got, strict=True))
 
@@ -228,14 +218,14 @@ class AsyncClusterEngine:
         twin = self.twin
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
-        return await _breaking(twin.breaker, arun_flow(twin.deciding(limits, now),
+        return await aguarded(twin.breaker, arun_flow(twin.deciding(limits, now),
                                                        self.nodes.perform))
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET (a heartbeat beside it when one is due)."""
         if not self.twin.version_key:
             raise EngineError("this engine was built without a version_key")
-        raw = await _breaking(self.twin.breaker,
+        raw = await aguarded(self.twin.breaker,
                               arun_flow(self.twin.reading_version(now), self.nodes.perform))
         return int(raw) if raw is not None else 0
 

@@ -6,12 +6,9 @@ probes, and its success closes the circuit again. Thread-safe; clock injectable 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
-
-from ratelimits.engine.errors import EngineError
+from collections.abc import Callable
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
@@ -71,17 +68,3 @@ class CircuitBreaker:
                     self.trips += 1
                 self.state = OPEN
                 self._opened_at = self._clock()
-
-
-@contextlib.contextmanager
-def reporting(breaker: CircuitBreaker | None) -> Iterator[None]:
-    """Tell `breaker` how the store call in this block ended: an EngineError (unavailable
-    included) is a failure and propagates; an end without one is a success."""
-    try:
-        yield
-    except EngineError:
-        if breaker is not None:
-            breaker.failure()
-        raise
-    if breaker is not None:
-        breaker.success()

@@ -57,11 +57,11 @@ from ratelimits.engine.scripts import (
 )
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.transport import (
-    UNAVAILABLE_ERRORS,
     Pipelined,
     Script,
     admit,
     failed,
+    guard,
     guarded,
     wire_of,
 )
@@ -246,10 +246,9 @@ class RedisEngine(Acquiring):
         """Tell every process that the policies changed; returns the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        try:  # INCR, from the server's clock when the key was lost (lua/version.lua)
-            return int(self.client.register_script(version_source())(keys=[self.version_key]))
-        except UNAVAILABLE_ERRORS as exc:
-            raise EngineUnavailable(str(exc)) from exc
+        bump = self.client.register_script(version_source())
+        # INCR, from the server's clock when the key was lost (lua/version.lua)
+        return int(guard(lambda: bump(keys=[self.version_key])))
 
     # -- decisions made in process, counted like the script's --------------------------
 
@@ -383,12 +382,8 @@ class RedisEngine(Acquiring):
             return
         if self._renew_script is None:  # built on first use: most sites hold no slots
             self._renew_script = self.client.register_script(renew_source())
-        try:
-            self._renew_script(keys=keys, args=args)
-        except UNAVAILABLE_ERRORS as exc:
-            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
-        except redis.RedisError as exc:
-            raise EngineError(str(exc)) from exc
+        renew = self._renew_script
+        guard(lambda: renew(keys=keys, args=args))
 
     # -- leases (see engine/lease.py) -------------------------------------------------
 

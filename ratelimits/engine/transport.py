@@ -6,8 +6,11 @@ error of one command as its value). `perform` sends them on a blocking `redis.Re
 `aperform` on a `redis.asyncio.Redis`: the same commands, the same replies, so what a
 call means (its script loading, its recovery) is written once, in the flow.
 
-`guarded` puts a flow behind the circuit breaker and turns redis-py's errors into the
-engine's: `EngineUnavailable` when the store is out of reach, `EngineError` otherwise.
+What a store error means is decided here once, for every engine (`engine_error`):
+`EngineUnavailable` when the store is out of reach, `EngineError` otherwise. `guarded`
+is the one circuit-breaker wrapper: the single server's rare flows, the cluster's
+fan-outs and its leases go through it (`aguarded` awaits it); the single server's
+decision, one command, asks the same breaker inline (`RedisEngine._exchange`).
 """
 
 from __future__ import annotations
@@ -16,38 +19,49 @@ import hashlib
 import os
 import select
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
-from redis.exceptions import NoScriptError
+from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException
 
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
-from ratelimits.engine.flows import Flow
+from ratelimits.engine.flows import Flow, arun_flow
 
 __all__ = [
+    "STORE_ERRORS",
     "UNAVAILABLE_ERRORS",
     "Command",
     "Pipelined",
     "Script",
     "Wire",
     "admit",
+    "aguarded",
     "aperform",
+    "engine_error",
     "failed",
+    "guard",
     "guarded",
     "perform",
     "wire_of",
 ]
 
-#: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
+#: Errors that mean "the store is out of reach", as opposed to a bug in what we sent. A
+#: cluster client's own failures (no node reachable, no slot owner) are not RedisErrors
+#: and mean the same; so does CLUSTERDOWN (and MASTERDOWN): a node answers it while a
+#: slot has no owner it can reach, and for two seconds after a primary restarts.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.ReadOnlyError,
     redis.BusyLoadingError,
+    RedisClusterException,
+    ClusterDownError,
 )
+#: Everything a store call may fail with: redis-py's errors, and the cluster client's.
+STORE_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
 T = TypeVar("T")
 
@@ -63,12 +77,14 @@ class Command:
 
 class Pipelined:
     """Commands sent in one round trip; the flow is sent their replies, in order, an
-    error of one command as its value (a connection's failure is raised)."""
+    error of one command as its value (a connection's failure is raised). `node`: the
+    cluster node they go to (see `cluster_fanout`); None on a single server."""
 
-    __slots__ = ("commands",)
+    __slots__ = ("commands", "node")
 
-    def __init__(self, *commands: tuple[Any, ...]) -> None:
+    def __init__(self, *commands: tuple[Any, ...], node: Any = None) -> None:
         self.commands = commands
+        self.node = node
 
 
 Need = Command | Pipelined
@@ -88,8 +104,10 @@ class Wire:
     """A blocking client's commands, sent on connections this wire keeps.
 
     A command goes out on a connection taken from a stack that no lock guards (its pop
-    and append are atomic), written and read through the connection's public calls
-    (`send_command`, `read_response`), and is answered what `execute_command` answers:
+    and append are atomic), packed as the connection would pack it (hiredis's
+    `pack_command`, which redis-py uses when hiredis is installed; else the
+    connection's `send_command`) and written to its socket, its reply read by the
+    connection (`read_response`), and is answered what `execute_command` answers:
     commands with a reply callback (`PING`, `SCRIPT LOAD` ...) and pipelines take the
     client's own path, and so does every command of a cluster client. Between that and
     checking a connection out of redis-py's pool for each command, the difference is
@@ -348,23 +366,62 @@ def admit(breaker: CircuitBreaker | None) -> None:
 
 
 def guarded(breaker: CircuitBreaker | None, flow: Flow[T]) -> Flow[T]:
-    """`flow` behind `breaker`: it fails fast while the breaker is open; its redis errors
-    become engine errors, and tell the breaker, as its success does."""
+    """`flow` behind `breaker`, the one wrapper of every engine's calls (single node,
+    cluster fan-out, leases): it fails fast while the breaker is open; its store errors
+    become engine errors (`failed`), and each engine error, as its success, tells the
+    breaker."""
     admit(breaker)
     try:
         reply = yield from flow
-    except redis.RedisError as exc:
+    except STORE_ERRORS as exc:
         raise failed(exc, breaker) from exc
+    except EngineError:
+        if breaker is not None:
+            breaker.failure()
+        raise
     if breaker is not None:
         breaker.success()
     return reply
 
 
-def failed(exc: redis.RedisError, breaker: CircuitBreaker | None) -> EngineError:
-    """The engine error a failed store call raises (the breaker told): EngineUnavailable
-    when the store is out of reach, EngineError for an error of the call itself."""
+async def aguarded(breaker: CircuitBreaker | None, call: Coroutine[Any, Any, T]) -> T:
+    """`guarded` for a coroutine (an awaited flow, `flows.arun_flow`): the same wrapper,
+    the coroutine its one need."""
+    try:
+        return await arun_flow(guarded(breaker, _awaiting(call)), _itself)
+    finally:
+        call.close()  # never awaited when the breaker refused it: no warning about it
+
+
+def _awaiting(call: Coroutine[Any, Any, T]) -> Flow[T]:
+    result: T = yield call
+    return result
+
+
+def _itself(call: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
+    return call
+
+
+def guard(run: Callable[[], T]) -> T:
+    """`run()`, its store errors raised as engine errors (`engine_error`): a call that
+    no breaker watches (a reset, a figure read, a flush)."""
+    try:
+        return run()
+    except STORE_ERRORS as exc:
+        raise engine_error(exc) from exc
+
+
+def failed(exc: BaseException, breaker: CircuitBreaker | None) -> EngineError:
+    """The engine error a failed store call raises (`engine_error`), the breaker told."""
     if breaker is not None:
         breaker.failure()
+    return engine_error(exc)
+
+
+def engine_error(exc: BaseException) -> EngineError:
+    """What a store error means to the engine's callers, the one mapping of all its
+    calls: EngineUnavailable when the store is out of reach (`UNAVAILABLE_ERRORS`),
+    EngineError for an error of the call itself."""
     if isinstance(exc, UNAVAILABLE_ERRORS):
         return EngineUnavailable(str(exc) or type(exc).__name__)
     return EngineError(str(exc))
