@@ -3,7 +3,7 @@
 `AsyncRedisEngine` is the async half (`interfaces.AsyncEngine`) of a `RedisEngine`, its
 twin: a decision and a version read take the twin's own pure steps (`RedisEngine.batch`
 and `decided`, `version_read`) around one command awaited on `redis.asyncio`, and the
-twin's rare flows (the library or script reloaded, a heartbeat, `releasing`, `leasing`)
+twin's rare flows (the library or script reloaded, a heartbeat, `releasing`)
 are awaited with each command they need sent there. So the function or script, its
 recovery when the server lost it, the tally of counts carried by the calls and the
 heartbeat are the twin's, written once.
@@ -33,15 +33,23 @@ from ratelimits.engine.cluster_fanout import (
     OnClient,
     SlotCall,
 )
+from ratelimits.engine.contract import encode_lease
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.flows import Flow, arun_flow
-from ratelimits.engine.functions import StoredScript
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.redis_backend import Chores, RedisEngine, beating_call, version_of
+from ratelimits.engine.redis_backend import (
+    Chores,
+    RedisEngine,
+    beating_call,
+    granted,
+    lease_script,
+    version_of,
+)
 from ratelimits.engine.transport import (
     UNAVAILABLE_ERRORS,
     Pipelined,
+    Recovering,
     admit,
     aguarded,
     aperform,
@@ -103,10 +111,14 @@ class AsyncRedisEngine:
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
         """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
-        return await self._run(self.twin.leasing(limits, now, back))
+        if not limits and not back:
+            return []
+        script = lease_script()
+        command = script.command(*encode_lease(self.twin.prefix, limits, back, now))
+        return granted(limits, back, await self._exchange(command, None, now, script))
 
     async def _exchange(self, command: tuple[Any, ...], chores: Chores | None,
-                       now: float | None, script: StoredScript | None) -> Any:
+                       now: float | None, script: Recovering | None) -> Any:
         """The twin's `_exchange()`, awaited on this loop's client."""
         breaker = self.twin.breaker
         if breaker is not None and breaker.state != CLOSED:

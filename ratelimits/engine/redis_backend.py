@@ -4,9 +4,10 @@ the batch function, or EVALSHA of the same script where the server has no Functi
 A decision is pure steps around one command: the command built from the limits
 (`contract.encode`), sent and its reply read, the reply read as a Decision
 (`contract.decode`). `RedisEngine` sends it on its blocking client, its asyncio twin
-(`engine.aio`) awaits it; the steps are the same, the twin's own. What is rare (the
-library or script reloaded, a heartbeat pipelined beside the call, a release, a lease)
-is a flow (`flows`) that yields the Redis commands it needs (`transport`), run by both."""
+(`engine.aio`) awaits it; the steps are the same, the twin's own. A lease is one
+command too (`contract.encode_lease`, `decode_lease`). What is rare (the library or
+script reloaded, a heartbeat pipelined beside the call, a release) is a flow (`flows`)
+that yields the Redis commands it needs (`transport`), run by both."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ from ratelimits.engine.scripts import (
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.transport import (
     Pipelined,
+    Recovering,
     Script,
     admit,
     failed,
@@ -181,7 +183,7 @@ class RedisEngine(Acquiring):
         note_taken(limits, token, exc)
 
     def _exchange(self, command: tuple[Any, ...], chores: Chores | None, now: float | None,
-                 script: StoredScript | None) -> Any:
+                 script: Recovering | None) -> Any:
         """Send `command` (a call of `script`, which the server may have lost, or a plain
         command) with its chores and read its reply, behind the circuit breaker; redis
         errors raised as the engine's (`transport.failed`)."""
@@ -344,7 +346,8 @@ class RedisEngine(Acquiring):
         `lease`)."""
         if limit.batch is not None:
             keys, args = encode_lease_reset(self.prefix, limit, now)
-            run_flow(guarded(self.breaker, lease_script().call(keys, args)), self.perform)
+            script = lease_script()
+            self._exchange(script.command(keys, args), None, now, script)
             return
         keys, cells = stored_state(self.prefix, limit, lambda: self._now_us(now))
         pipe = self.client.pipeline(transaction=False)
@@ -400,35 +403,22 @@ class RedisEngine(Acquiring):
 
         Raises EngineUnavailable when the store is out of reach, like `evaluate()`.
         """
-        return run_flow(self.leasing(limits, now, back), self.perform)
-
-    def leasing(self, limits: Sequence[Limit], now: float | None,
-                back: Sequence[Leftover]) -> Flow[list[Grant]]:
-        """`lease()` as a flow (see `deciding`)."""
         if not limits and not back:
             return []
-        reply = yield from self._lease_call(limits, back, now)
-        try:
-            return decode_lease(limits, back, reply)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        script = lease_script()
+        command = script.command(*encode_lease(self.prefix, limits, back, now))
+        return granted(limits, back, self._exchange(command, None, now, script))
 
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
         """Return the unspent units of ended leases; a window that has ended keeps its
         count. Returns the units taken back."""
         if not back:
             return 0
-        reply = run_flow(self._lease_call((), back, now), self.perform)
-        try:
-            decode_lease((), back, reply)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        script = lease_script()
+        reply = self._exchange(script.command(*encode_lease(self.prefix, (), back, now)),
+                               None, now, script)
+        granted((), back, reply)
         return returned_units(back, reply)
-
-    def _lease_call(self, limits: Sequence[Limit], back: Sequence[Leftover],
-                    now: float | None) -> Flow[Any]:
-        keys, args = encode_lease(self.prefix, limits, back, now)
-        return (yield from guarded(self.breaker, lease_script().call(keys, args)))
 
 
 class Chores:
@@ -442,7 +432,7 @@ class Chores:
 
 
 def beating_call(beat: Heartbeat, command: tuple[Any, ...], now: float | None,
-                 script: StoredScript | None) -> Flow[Any]:
+                 script: Recovering | None) -> Flow[Any]:
     """`command` and the beat that is due, in one round trip: its reply; a call of
     `script` that the server lacked made again once it is loaded."""
     reply = yield from beating(beat, command, now)
@@ -451,6 +441,14 @@ def beating_call(beat: Heartbeat, command: tuple[Any, ...], now: float | None,
     if script is None:
         raise reply
     return (yield from script.recovering(reply, command[2:]))
+
+
+def granted(limits: Sequence[Limit], back: Sequence[Leftover], reply: Any) -> list[Grant]:
+    """The lease script's reply as one Grant per limit (`contract.decode_lease`)."""
+    try:
+        return decode_lease(limits, back, reply)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from exc
 
 
 def version_of(raw: Any) -> int:

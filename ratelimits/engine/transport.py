@@ -20,7 +20,7 @@ import os
 import select
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 import redis.asyncio
@@ -35,6 +35,7 @@ __all__ = [
     "UNAVAILABLE_ERRORS",
     "Command",
     "Pipelined",
+    "Recovering",
     "Script",
     "Wire",
     "admit",
@@ -353,10 +354,25 @@ class Script:
         """Run the script; after NOSCRIPT (a restart, a SCRIPT FLUSH), load it and again."""
         try:
             return (yield Command(*self.command(keys, args)))
-        except NoScriptError:
-            pass
+        except NoScriptError as exc:
+            error = exc
+        return (yield from self.recovering(error, (len(keys), *keys, *args)))
+
+    def recovering(self, error: Exception, body: tuple[Any, ...]) -> Flow[Any]:
+        """After an EVALSHA of `body` (numkeys, keys, args) failed with `error`: the
+        script loaded and the call made again when the server lacked it (NOSCRIPT);
+        `error` raised otherwise."""
+        if not isinstance(error, NoScriptError):
+            raise error
         yield Command("SCRIPT LOAD", self.source)
-        return (yield Command(*self.command(keys, args)))
+        return (yield Command("EVALSHA", self.sha, *body))
+
+
+class Recovering(Protocol):
+    """A script whose call, failed because the server lacked it, is made again (see
+    `Script.recovering`, `functions.StoredScript.recovering`)."""
+
+    def recovering(self, error: Exception, body: tuple[Any, ...]) -> Flow[Any]: ...
 
 
 def admit(breaker: CircuitBreaker | None) -> None:
