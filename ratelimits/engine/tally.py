@@ -118,8 +118,11 @@ class Tally:
                 except KeyError:
                     counts[field] = 1
                 if field in _REFUSED:
-                    self._offend((name, int(now_us // _HOUR_US)),
-                                 result.limit.key[:OFFENDER_CHARS], 1)
+                    hour, who = (name, int(now_us // _HOUR_US)), result.limit.key[:OFFENDER_CHARS]
+                    try:  # an offender counted already this hour: the usual refusal
+                        self._offenders[hour][who] += 1
+                    except KeyError:
+                        self._offend(hour, who, 1)
             schedule = not self._flushing  # one flush pending at a time (`_schedule`)
             self._flushing = True
         if schedule:
