@@ -1,10 +1,12 @@
 """The request path of a store engine on asyncio: no thread, no blocking socket.
 
 `AsyncRedisEngine` is the async half (`interfaces.AsyncEngine`) of a `RedisEngine`, its
-twin: it awaits the twin's own flows (`RedisEngine.deciding`, `reading_version`,
-`releasing`, `leasing`), performing each command they need on `redis.asyncio`. So the
-function or script, its recovery when the server lost it, the circuit breaker, the tally
-of counts carried by the calls and the heartbeat are the twin's, written once.
+twin: a decision and a version read take the twin's own pure steps (`RedisEngine.batch`
+and `decided`, `version_read`) around one command awaited on `redis.asyncio`, and the
+twin's rare flows (the library or script reloaded, a heartbeat, `releasing`)
+are awaited with each command they need sent there. So the function or script, its
+recovery when the server lost it, the tally of counts carried by the calls and the
+heartbeat are the twin's, written once.
 Everything off the request path (counters, offenders, resets, giving leases back at
 exit, closing) is the twin's: call it there.
 
@@ -17,48 +19,47 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 
-from ratelimits.engine.breaker import CircuitBreaker, reporting
+from ratelimits.engine.breaker import CLOSED
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.cluster_fanout import (
-    CLUSTER_UNAVAILABLE,
     Exchange,
     Need,
-    NodePipeline,
     OnClient,
     SlotCall,
 )
-from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.contract import encode_lease
+from ratelimits.engine.errors import EngineError
 from ratelimits.engine.flows import Flow, arun_flow
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.redis_backend import RedisEngine
-from ratelimits.engine.transport import admit, aperform, failed
+from ratelimits.engine.redis_backend import (
+    Chores,
+    RedisEngine,
+    beating_call,
+    granted,
+    lease_script,
+    version_of,
+)
+from ratelimits.engine.transport import (
+    UNAVAILABLE_ERRORS,
+    Pipelined,
+    Recovering,
+    admit,
+    aguarded,
+    aperform,
+    failed,
+)
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["AsyncClusterEngine", "AsyncNodes", "AsyncRedisEngine"]
 
 T = TypeVar("T")
-
-
-async def _breaking(breaker: CircuitBreaker | None, call: Coroutine[Any, Any, T]) -> T:
-    """Await `call` behind `breaker`: it fails fast while the breaker is open; a redis
-    error becomes an engine error; each engine error counts as a failure."""
-    try:
-        admit(breaker)
-    except EngineUnavailable:
-        call.close()  # never awaited: no warning about it
-        raise
-    with reporting(breaker):
-        try:
-            return await call
-        except redis.RedisError as exc:
-            raise failed(exc, None) from exc  # reporting() tells the breaker
 
 
 class AsyncRedisEngine:
@@ -87,11 +88,21 @@ class AsyncRedisEngine:
 
     async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
-        return await self._run(self.twin.deciding(limits, now))
+        twin = self.twin
+        if not limits and not twin.version_key:
+            return Decision(allowed=True, results=())
+        command, token, chores = twin.batch(limits, now)
+        try:
+            reply = await self._exchange(command, chores, now, twin.script)
+        except EngineError as exc:
+            twin.unsent(limits, token, chores, exc)
+            raise
+        return twin.decided(limits, reply, token)
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, carrying a heartbeat when one is due."""
-        return await self._run(self.twin.reading_version(now))
+        command, chores = self.twin.version_read()
+        return version_of(await self._exchange(command, chores, now, None))
 
     async def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds (one round trip)."""
@@ -100,7 +111,33 @@ class AsyncRedisEngine:
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
         """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
-        return await self._run(self.twin.leasing(limits, now, back))
+        if not limits and not back:
+            return []
+        script = lease_script()
+        command = script.command(*encode_lease(self.twin.prefix, limits, back, now))
+        return granted(limits, back, await self._exchange(command, None, now, script))
+
+    async def _exchange(self, command: tuple[Any, ...], chores: Chores | None,
+                       now: float | None, script: Recovering | None) -> Any:
+        """The twin's `_exchange()`, awaited on this loop's client."""
+        breaker = self.twin.breaker
+        if breaker is not None and breaker.state != CLOSED:
+            admit(breaker)
+        try:
+            if chores is None or chores.beat is None:
+                try:
+                    reply = await self.client().execute_command(*command)  # type: ignore[no-untyped-call]
+                except redis.ResponseError as exc:
+                    if script is None:
+                        raise
+                    reply = await self._run(script.recovering(exc, command[2:]))
+            else:
+                reply = await self._run(beating_call(chores.beat, command, now, script))
+        except redis.RedisError as exc:
+            raise failed(exc, breaker) from exc
+        if breaker is not None and not breaker.clear:
+            breaker.success()
+        return reply
 
     async def _run(self, flow: Flow[T]) -> T:
         """Await `flow`, each command it needs sent on this loop's client."""
@@ -136,7 +173,7 @@ class AsyncNodes:
         clients, a call of the blocking cluster client in a worker thread."""
         if isinstance(need, Exchange):
             return await self._exchange(need.jobs, need.calls)
-        if isinstance(need, NodePipeline):
+        if isinstance(need, Pipelined):
             return await self._pipeline(need.node, need.commands)
         if isinstance(need, OnClient):
             return await asyncio.to_thread(need.call)
@@ -158,7 +195,7 @@ class AsyncNodes:
         async def node_calls(node: Any, slots: list[int]) -> list[tuple[int, Any]]:
             try:
                 got = await self._pipeline(node, [calls[slot].command() for slot in slots])
-            except CLUSTER_UNAVAILABLE as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 return [(slot, exc) for slot in slots]
             return list(zip(slots, got, strict=True))
 
@@ -193,14 +230,14 @@ class AsyncClusterEngine:
         twin = self.twin
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
-        return await _breaking(twin.breaker, arun_flow(twin.deciding(limits, now),
+        return await aguarded(twin.breaker, arun_flow(twin.deciding(limits, now),
                                                        self.nodes.perform))
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET (a heartbeat beside it when one is due)."""
         if not self.twin.version_key:
             raise EngineError("this engine was built without a version_key")
-        raw = await _breaking(self.twin.breaker,
+        raw = await aguarded(self.twin.breaker,
                               arun_flow(self.twin.reading_version(now), self.nodes.perform))
         return int(raw) if raw is not None else 0
 

@@ -6,12 +6,9 @@ probes, and its success closes the circuit again. Thread-safe; clock injectable 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
-
-from ratelimits.engine.errors import EngineError
+from collections.abc import Callable
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
@@ -33,6 +30,9 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probing = False
         self.state = CLOSED
+        #: Closed with no failure counted: a call's success has nothing to tell (read
+        #: without the lock by callers that skip `success()` then).
+        self.clear = True
         #: How many times the circuit opened: lets callers log once per outage.
         self.trips = 0
 
@@ -50,33 +50,21 @@ class CircuitBreaker:
             return False
 
     def success(self) -> None:
-        if self.state == CLOSED and self._count == 0:
+        if self.clear:
             return
         with self._lock:
             self._count = 0
             self._probing = False
             self.state = CLOSED
+            self.clear = True
 
     def failure(self) -> None:
         with self._lock:
             self._count += 1
             self._probing = False
+            self.clear = False
             if self.state == HALF_OPEN or self._count >= self.failures:
                 if self.state == CLOSED:  # a failed probe is the same outage
                     self.trips += 1
                 self.state = OPEN
                 self._opened_at = self._clock()
-
-
-@contextlib.contextmanager
-def reporting(breaker: CircuitBreaker | None) -> Iterator[None]:
-    """Tell `breaker` how the store call in this block ended: an EngineError (unavailable
-    included) is a failure and propagates; an end without one is a success."""
-    try:
-        yield
-    except EngineError:
-        if breaker is not None:
-            breaker.failure()
-        raise
-    if breaker is not None:
-        breaker.success()

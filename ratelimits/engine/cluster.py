@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis
 import redis.cluster
 
 from ratelimits.engine.acquire import Acquiring
-from ratelimits.engine.breaker import CircuitBreaker, reporting
+from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster_counts import ClusterCounts, cluster_offender_keys
-from ratelimits.engine.cluster_fanout import SlotCall, SlotFanout, guard, window_keys
+from ratelimits.engine.cluster_fanout import OnClient, SlotCall, SlotFanout, window_keys
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import (
     FIELDS,
@@ -61,7 +61,7 @@ from ratelimits.engine.scripts import (
     version_source,
 )
 from ratelimits.engine.tally import Tally
-from ratelimits.engine.transport import admit
+from ratelimits.engine.transport import guard, guarded
 from ratelimits.engine.types import Decision, Limit
 
 __all__ = ["ClusterEngine"]
@@ -225,12 +225,10 @@ class ClusterEngine(Acquiring):
         yield from self.fanout.run(calls)
 
     def breaking(self, flow: Flow[T]) -> Flow[T]:
-        """`flow` behind the circuit breaker: it fails fast while the breaker is open, and
-        each EngineError (EngineUnavailable included) counts as a failure."""
-        admit(self.breaker)
-        with reporting(self.breaker):
-            result = yield from flow
-        return result
+        """`flow` behind the circuit breaker (`transport.guarded`): it fails fast while
+        the breaker is open, and each EngineError (EngineUnavailable included) counts as
+        a failure."""
+        return guarded(self.breaker, flow)
 
     # -- the version and the heartbeat ------------------------------------------------
 
@@ -298,12 +296,10 @@ class ClusterEngine(Acquiring):
         still held, for the caller to try again."""
         if decision.token is None:
             return
-        admit(self.breaker)
         pipe = self.client.pipeline()
         for limit, members in decision.holding():
             pipe.zrem(base_key(self.prefix, limit), *members)
-        with reporting(self.breaker):
-            guard(pipe.execute)
+        run_flow(guarded(self.breaker, _on_client(pipe.execute)), self.perform)
 
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another `period` from now: one call per
@@ -450,3 +446,9 @@ class ClusterEngine(Acquiring):
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
         return [g for g in grants if g is not None], returned
+
+
+def _on_client(call: Callable[[], T]) -> Flow[T]:
+    """A flow of one call of the blocking cluster client (`cluster_fanout.OnClient`)."""
+    result: T = yield OnClient(call)
+    return result

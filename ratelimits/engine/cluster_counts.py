@@ -11,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
-from redis.exceptions import RedisClusterException
-
-from ratelimits.engine.cluster_fanout import SlotCall, guard
+from ratelimits.engine.cluster_fanout import SlotCall
 from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.keynames import guaranteed, stats_key
 from ratelimits.engine.scripts import offend_source
 from ratelimits.engine.tally import Counts
+from ratelimits.engine.transport import STORE_ERRORS, guard
 
 __all__ = [
     "ClusterCounts",
@@ -72,7 +70,7 @@ class ClusterCounts:
                     pipe.expire(key, STATS_TTL)
                 pipe.execute()
                 counts.clear()  # delivered: a failure below must not send them twice
-        except (redis.RedisError, RedisClusterException) as exc:
+        except STORE_ERRORS as exc:  # a send that fails waits for the next flush
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         calls: dict[int, SlotCall] = {}
         for i, ((name, hour), whos) in enumerate(offenders.items()):

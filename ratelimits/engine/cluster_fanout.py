@@ -9,9 +9,11 @@ reach fails the fan-out after the other nodes' replies were read, and the slot m
 read again before the next one.
 
 `SlotFanout.run` is the flow. It yields what it needs done on the nodes (`Exchange`,
-`NodePipeline`), by the blocking cluster client (`OnClient`) or by time (`Pause`):
-`SlotFanout.perform` does it in the calling thread, `engine.aio.AsyncNodes` on the
-event loop, so `ClusterEngine` and its asyncio twin differ only there.
+a `transport.Pipelined` to one node), by the blocking cluster client (`OnClient`) or by
+time (`Pause`): `SlotFanout.perform` does it in the calling thread,
+`engine.aio.AsyncNodes` on the event loop, so `ClusterEngine` and its asyncio twin
+differ only there. Store errors mean what they mean everywhere in the engine
+(`transport.engine_error`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,8 @@ import redis
 from redis.cluster import PRIMARY, ClusterNode
 from redis.exceptions import (
     AskError,
-    ClusterDownError,
     MovedError,
     NoScriptError,
-    RedisClusterException,
     TryAgainError,
 )
 
@@ -37,20 +37,17 @@ from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow
 from ratelimits.engine.keynames import base_key, cell, lock_key, to_us, windows
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.transport import UNAVAILABLE_ERRORS
+from ratelimits.engine.transport import UNAVAILABLE_ERRORS, Pipelined
 from ratelimits.engine.types import Limit
 
 __all__ = [
-    "CLUSTER_UNAVAILABLE",
     "REFRESH_EVERY",
     "Exchange",
     "Need",
-    "NodePipeline",
     "OnClient",
     "Pause",
     "SlotCall",
     "SlotFanout",
-    "guard",
     "window_keys",
 ]
 
@@ -62,25 +59,8 @@ _MIGRATION_WAIT = 0.2
 _MIGRATION_POLL = 0.005
 #: Replies a slot's call answers that mean "not run here, send it again elsewhere".
 _REDIRECTS = (NoScriptError, MovedError, AskError, TryAgainError)
-#: The cluster client's own failures (no node reachable, no slot owner) are not
-#: RedisErrors: they mean the store is out of reach, like a refused connection. So does
-#: CLUSTERDOWN (and MASTERDOWN): a node answers it while a slot has no owner it can
-#: reach, and for two seconds after a primary restarts, before it serves writes again.
-CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, RedisClusterException,
-                                             ClusterDownError)
 #: What one slot's call may fail with while the other slots' calls still count.
-_UNREACHED: tuple[type[Exception], ...] = (*CLUSTER_UNAVAILABLE, EngineUnavailable)
-
-
-def guard(run: Callable[[], Any]) -> Any:
-    """`run()`, a cluster out of reach raised as EngineUnavailable and any other redis
-    error as EngineError."""
-    try:
-        return run()
-    except CLUSTER_UNAVAILABLE as exc:
-        raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
-    except redis.RedisError as exc:
-        raise EngineError(str(exc)) from exc
+_UNREACHED: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, EngineUnavailable)
 
 
 class SlotCall:
@@ -139,16 +119,6 @@ class Exchange:
         self.jobs, self.calls = jobs, calls
 
 
-class NodePipeline:
-    """Commands in one pipeline to one node; the flow is sent their replies, an error of
-    one command as its value (a connection's failure is raised)."""
-
-    __slots__ = ("commands", "node")
-
-    def __init__(self, node: Any, commands: list[tuple[Any, ...]]) -> None:
-        self.node, self.commands = node, commands
-
-
 class OnClient:
     """A call of the blocking cluster client (it routes by key, follows MOVED, loads
     scripts, reads the slot map); an async driver runs it in a worker thread."""
@@ -168,7 +138,7 @@ class Pause:
         self.seconds = seconds
 
 
-Need = Exchange | NodePipeline | OnClient | Pause
+Need = Exchange | Pipelined | OnClient | Pause
 
 
 # -- the flow ---------------------------------------------------------------------------
@@ -201,7 +171,7 @@ class SlotFanout:
             self._refreshed_at = time.monotonic()
         try:
             self.client.nodes_manager.initialize()
-        except CLUSTER_UNAVAILABLE as exc:
+        except UNAVAILABLE_ERRORS as exc:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         self._stale = False
 
@@ -265,7 +235,7 @@ class SlotFanout:
     def _follow(self, reply: Any, call: SlotCall, source: Any) -> Flow[Any]:
         """A slot's final reply: its call sent again where the cluster redirected it (MOVED,
         ASK, TRYAGAIN); errors raised."""
-        if isinstance(reply, CLUSTER_UNAVAILABLE):
+        if isinstance(reply, UNAVAILABLE_ERRORS):
             raise reply
         if isinstance(reply, AskError) and not isinstance(reply, MovedError):
             if call.windows:  # (redis-py's MovedError is an AskError)
@@ -290,8 +260,8 @@ class SlotFanout:
                 missing.setdefault(node.name, (node, []))[1].append(slot)
         for node, slots in missing.values():
             try:
-                again = yield NodePipeline(node, [calls[s].source_command() for s in slots])
-            except CLUSTER_UNAVAILABLE as exc:
+                again = yield Pipelined(*(calls[s].source_command() for s in slots), node=node)
+            except UNAVAILABLE_ERRORS as exc:
                 again = [exc] * len(slots)
             replies.update(zip(slots, again, strict=True))
 
@@ -311,7 +281,7 @@ class SlotFanout:
         slot map, and a primary just added (`redis-cli --cluster add-node`) is in no slot
         map until it owns a slot: redis-py fails with AttributeError then (redis-py issue
         4015). The script goes as EVAL: the importing node may not have loaded it."""
-        replies = yield NodePipeline(self._node_at(ask), [("ASKING",), call.source_command()])
+        replies = yield Pipelined(("ASKING",), call.source_command(), node=self._node_at(ask))
         reply = replies[1]
         if isinstance(reply, MovedError):  # the slot finished moving meanwhile
             return (yield self._again(call))
@@ -346,7 +316,7 @@ class SlotFanout:
         a node never takes back a key of a slot it is migrating, so none can return."""
         deadline = time.monotonic() + _MIGRATION_WAIT
         while True:
-            [found] = yield NodePipeline(source, [("EXISTS", *windows)])
+            [found] = yield Pipelined(("EXISTS", *windows), node=source)
             if isinstance(found, AskError):  # (MovedError too)
                 return
             if not isinstance(found, TryAgainError):
@@ -365,7 +335,7 @@ class SlotFanout:
         """Do one thing the flow needs, in this thread."""
         if isinstance(need, Exchange):
             return self._exchange(need.jobs, need.calls)
-        if isinstance(need, NodePipeline):
+        if isinstance(need, Pipelined):
             pipe = self.client.get_redis_connection(need.node).pipeline(transaction=False)
             for command in need.commands:
                 pipe.execute_command(*command)
@@ -388,14 +358,14 @@ class SlotFanout:
                 try:
                     server = self.client.get_redis_connection(node)
                     conn = server.connection_pool.get_connection()
-                except CLUSTER_UNAVAILABLE as exc:
+                except UNAVAILABLE_ERRORS as exc:
                     replies.update((s, exc) for s in slots)
                     continue
                 sent.append((server, conn, slots))
                 try:
                     conn.send_packed_command(conn.pack_commands(
                         [calls[s].command() for s in slots]))
-                except CLUSTER_UNAVAILABLE as exc:
+                except UNAVAILABLE_ERRORS as exc:
                     replies.update((s, exc) for s in slots)
                     broken.append(conn)
             for server, conn, slots in sent:
@@ -406,7 +376,7 @@ class SlotFanout:
                         replies[slot] = server.parse_response(conn, "EVALSHA")
                     except redis.ResponseError as exc:
                         replies[slot] = exc
-                    except CLUSTER_UNAVAILABLE as exc:
+                    except UNAVAILABLE_ERRORS as exc:
                         replies.update((s, exc) for s in slots[i:])
                         broken.append(conn)
                         break

@@ -8,8 +8,8 @@ measures both). A server without Functions (Redis 6) or a user whose ACL denies 
 the same script by EVALSHA, chosen at the first call and kept; a library the server lost
 (`FUNCTION FLUSH`, a restart without persistence, a failover to a replica that never had
 it) is loaded again by the call that meets its absence, as redis-py does for a script
-after NOSCRIPT. The call and its recovery are a flow (`flows`): the blocking engine and
-its asyncio twin run the same one.
+after NOSCRIPT. The call is one command that the blocking engine and its asyncio twin
+each send; its recovery, rare, is a flow (`flows`) that both run.
 """
 
 from __future__ import annotations
@@ -32,40 +32,54 @@ _NO_FUNCTIONS = ("unknown command", "noperm", "no permissions")
 class StoredScript:
     """Run one script as the function `library[0]`, or by EVALSHA of `source`.
 
-    `call()` is the call as a flow (`flows`), with its recovery; `command()` gives the
-    call for a pipeline and `recover()` says whether a pipelined call that failed may be
-    run again alone. The mode learnt is one per server, shared by the engine and its
-    asyncio twin.
+    A call is `head` and a body, `(numkeys, *keys, *args)`: the head is the command and
+    its name or SHA for the mode learnt of the server (the mode is one per server,
+    shared by the engine and its asyncio twin). `recovering()` is what a call that
+    failed does next, as a flow (`flows`): the library loaded, or EVALSHA chosen, and
+    the call made again; `call()` is a whole call with that recovery.
     """
 
     def __init__(self, library: tuple[str, str], source: str) -> None:
         self.name, self.code = library
         self.script = Script(source)
-        #: "fcall" once the library is known loaded, "evalsha" when the server cannot
-        #: run it; None until the first call finds out.
-        self.mode: str | None = None
+        #: the command a call starts with, for the mode: FCALL of the library's function
+        #: until the server is found to lack Functions, EVALSHA of the script then
+        self.head: tuple[str, str] = ("FCALL", self.name)
+        self._mode: str | None = None
 
-    def call(self, keys: Sequence[Any], args: Sequence[Any]) -> Flow[Any]:
-        """The call's reply; a library the server lacks is loaded (once) first."""
-        if self.mode != "evalsha":
-            try:
-                return (yield Command(*self._fcall(keys, args)))
-            except redis.ResponseError as exc:
-                error = exc
-            if not (yield from self.recover(error)):
-                raise error
-            if self.mode == "fcall":  # loaded just now
-                return (yield Command(*self._fcall(keys, args)))
-        return (yield from self.script.call(keys, args))
+    @property
+    def mode(self) -> str | None:
+        """"fcall" once the library is known loaded, "evalsha" when the server cannot
+        run it; None until the first call finds out."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str | None) -> None:
+        self._mode = mode
+        self.head = ("EVALSHA", self.script.sha) if mode == "evalsha" else ("FCALL", self.name)
 
     def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-        """The call as a command for a pipeline."""
-        if self.mode == "evalsha":
-            return self.script.command(keys, args)
-        return self._fcall(keys, args)
+        """The call of `keys` and `args` as one command, for the mode learnt."""
+        return (*self.head, len(keys), *keys, *args)
 
-    def _fcall(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-        return ("FCALL", self.name, len(keys), *keys, *args)
+    def call(self, body: tuple[Any, ...]) -> Flow[Any]:
+        """The call's reply; a library the server lacks is loaded (once) first."""
+        try:
+            return (yield Command(*self.head, *body))
+        except redis.ResponseError as exc:
+            error = exc
+        return (yield from self.recovering(error, body))
+
+    def recovering(self, error: Exception, body: tuple[Any, ...]) -> Flow[Any]:
+        """After a call of `body` failed with `error`: the library loaded (or EVALSHA
+        chosen, or the script loaded) and the call made again, its reply; `error` raised
+        when it is an error of the call itself."""
+        if not (yield from self.recover(error)):
+            raise error
+        if self._mode != "evalsha":  # the library loaded just now
+            return (yield Command(*self.head, *body))
+        numkeys = body[0]
+        return (yield from self.script.call(body[1:1 + numkeys], body[1 + numkeys:]))
 
     def recover(self, error: Exception) -> Flow[bool]:
         """After `error` from a call: load the library, or fall back to EVALSHA, and say

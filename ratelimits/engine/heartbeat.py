@@ -16,6 +16,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
@@ -75,20 +76,23 @@ class Heartbeat:
         self.clock = clock
         #: Live processes at the last beat (this one included); None before the first.
         self.count: int | None = None
-        self._next = -float("inf")
+        #: no beat is due before this time of `clock` (a call made sooner need not ask
+        #: `due()`); a forked child's is in the past, so that it beats at once
+        self.next_at = -float("inf")
         self._lock = threading.Lock()
         self._pid = 0
         self._member = ""
+        _beats.add(self)
 
     def due(self) -> bool:
         """Whether this call should carry a beat; claims it when so."""
         now = self.clock()
-        if now < self._next and self._pid == os.getpid():  # a forked child beats at once
+        if now < self.next_at and self._pid == os.getpid():  # a forked child beats at once
             return False
         with self._lock:
-            if now < self._next and self._pid == os.getpid():
+            if now < self.next_at and self._pid == os.getpid():
                 return False
-            self._next = now + self.every
+            self.next_at = now + self.every
             return True
 
     def member(self) -> str:
@@ -110,7 +114,20 @@ class Heartbeat:
 
     def missed(self) -> None:
         """The call carrying the beat failed: beat again with the next call."""
-        self._next = -float("inf")
+        self.next_at = -float("inf")
+
+
+#: Every heartbeat of this process, so that a forked child's beats at its first call.
+_beats: weakref.WeakSet[Heartbeat] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for beat in list(_beats):
+        beat._lock = threading.Lock()  # another thread of the parent may have held it
+        beat.next_at = -float("inf")
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def beating(beat: Heartbeat, command: tuple[Any, ...], now: float | None) -> Flow[Any]:

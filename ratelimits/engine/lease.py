@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING
 
-from ratelimits.engine.flows import Flow, arun_flow, run_flow
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ class _Lease:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """`limit.cost` units reserved from a lease for one request: `Leases.spend()` them
-    when the whole request is admitted, `Leases.cancel()` them when it is not.
+    """`limit.cost` units reserved from a lease for one request: spent when the whole
+    request is admitted (nothing to do), put back by `Leases.cancel()` when it is not.
 
     `remaining` and `reset_after` are the figures as of the lease: the window's units
     left at the grant plus those this process still holds, and the grant's reset less
@@ -123,19 +123,17 @@ class Leases:
         self._leases: dict[Limit, _Lease] = {}
         self._leftovers: list[Leftover] = []
         self._swept_at = 0.0
-        self._pid = os.getpid()
+        _books.add(self)
 
-    def _fork_check(self) -> None:
+    def _forked(self) -> None:
         # A forked worker must not spend its parent's units: both would spend the same
         # charge. The parent gives them back; the child starts with an empty book.
-        if os.getpid() != self._pid:
-            self._lock = threading.Lock()
-            self._leases, self._leftovers, self._pid = {}, [], os.getpid()
+        self._lock = threading.Lock()
+        self._leases, self._leftovers = {}, []
 
     def take(self, limit: Limit, at: float) -> Hold | None:
         """Reserve `limit.cost` units of its live lease; None when it has no lease that
         runs at `at` with that many (a lease that ended leaves its units to give back)."""
-        self._fork_check()
         with self._lock:
             if at - self._swept_at >= self.seconds:
                 self._sweep(at)
@@ -150,7 +148,6 @@ class Leases:
     def grant(self, grant: Grant, at: float) -> Hold | None:
         """Record a fresh grant (taken at `at`) and reserve `cost` units of it; None when
         it granted too few. A lease the limit already had ends and gives its units back."""
-        self._fork_check()
         limit = grant.limit
         with self._lock:
             old = self._leases.get(limit)
@@ -173,14 +170,14 @@ class Leases:
             del self._leases[limit]
         return hold
 
-    def spend(self, hold: Hold) -> None:
-        """The request was admitted: the reserved units are gone (nothing to do; named
-        so that every reservation ends in `spend` or `cancel`)."""
+    def cancel_all(self, holds: dict[int, Hold]) -> None:
+        """`cancel()` each of `holds` (the store call that would decide them failed)."""
+        for hold in holds.values():
+            self.cancel(hold)
 
     def cancel(self, hold: Hold) -> None:
         """The request was refused elsewhere: its units go back to the lease, or, when
         that lease ended meanwhile, to the units to give back to the store."""
-        self._fork_check()
         with self._lock:
             lease = hold.lease
             if self._leases.get(hold.limit) is lease:
@@ -196,14 +193,12 @@ class Leases:
     def leftovers(self) -> list[Leftover]:
         """The units of ended leases not yet given back; the caller sends them with its
         next lease call (or `give_back()`), and they are forgotten here."""
-        self._fork_check()
         with self._lock:
             out, self._leftovers = self._leftovers, []
         return out
 
     def drain(self) -> list[Leftover]:
         """End every lease (shutdown): all unspent units, to give back."""
-        self._fork_check()
         with self._lock:
             for limit, lease in list(self._leases.items()):
                 self._end(limit, lease)
@@ -219,7 +214,6 @@ class Leases:
     def forget(self, limit: Limit) -> None:
         """Drop the leases of one client under one policy, giving nothing back (after an
         admin reset: their epoch of the window is over, the store would refuse them)."""
-        self._fork_check()
         with self._lock:
             for leased in [x for x in self._leases if (x.name, x.key) == (limit.name, limit.key)]:
                 self._leases.pop(leased).ended = True
@@ -249,6 +243,18 @@ class Leases:
                 self._end(limit, lease)
 
 
+#: Every book of this process, emptied in a forked child (`Leases._forked`).
+_books: weakref.WeakSet[Leases] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for book in list(_books):
+        book._forked()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def decide(
     store: StoreEngine, book: Leases, limits: Sequence[Limit], now: float | None, at: float
 ) -> tuple[Decision, Decision]:
@@ -260,84 +266,49 @@ def decide(
     reserved units are spent only when the whole request is admitted. Returns the
     decision, in the request's order, and the part of it answered here (for the tally).
     Raises what the store raises; nothing is spent then.
+
+    The steps are pure (`reserve`, `granted`, `unleased`, `settle`); `adecide` takes the
+    same ones around the store's awaited calls.
     """
-    return run_flow(_deciding(book, limits, now, at), lambda call: call(store))
+    holds, need = reserve(book, limits, at)
+    refused: dict[int, Grant] = {}
+    try:
+        if need:
+            wanted, back = [limits[i] for i in need], book.leftovers()
+            refused = granted(book, need, store.lease(wanted, now, back=back), holds, at)
+        asked = unleased(limits, refused)
+        stored = store.evaluate(asked, now) if asked else None
+    except BaseException:
+        book.cancel_all(holds)  # nothing is spent when the store fails
+        raise
+    return settle(book, limits, holds, refused, stored)
 
 
 async def adecide(
     store: AsyncEngine, book: Leases, limits: Sequence[Limit], now: float | None, at: float
 ) -> tuple[Decision, Decision]:
     """`decide()` with a store whose `lease` and `evaluate` are awaited (`engine.aio`)."""
-    return await arun_flow(_deciding(book, limits, now, at), lambda call: call(store))
-
-
-#: What `_deciding` asks of the store: a call of its `lease()` or `evaluate()`, made on
-#: a blocking store (its reply) or on an asyncio one (awaited).
-StoreCall = Callable[[Union["StoreEngine", "AsyncEngine"]], Any]
-
-
-def _deciding(
-    book: Leases, limits: Sequence[Limit], now: float | None, at: float
-) -> Flow[tuple[Decision, Decision]]:
-    """`decide()` as a flow: it yields the store calls it needs (`StoreCall`) and is sent
-    their replies."""
-    holds, refused = yield from _reserve(book, limits, now, at)
-    others = [i for i, limit in enumerate(limits) if limit.batch is None]
-    blocked = any(not limits[i].shadow for i in refused)
-    stored: Decision | None = None
-    if others and not blocked:
-        try:
-            asked = [limits[i] for i in others]
-            stored = yield _call(lambda store: store.evaluate(asked, now))
-        except BaseException:
-            for hold in holds.values():
-                book.cancel(hold)
-            raise
-    admitted = not blocked and (stored is None or stored.allowed)
-    results: list[Result | None] = [None] * len(limits)
-    for i, hold in holds.items():
-        (book.spend if admitted else book.cancel)(hold)
-        results[i] = Result(hold.limit, True, hold.remaining + (0 if admitted else
-                            hold.limit.cost), hold.reset_after, 0.0,
-                            outcome=Outcome.ADMITTED if admitted else Outcome.SPARED)
-    for i, grant in refused.items():
-        results[i] = Result(grant.limit, False, grant.remaining, grant.reset_after,
-                            grant.retry_after, outcome=Outcome.WOULD_REJECT
-                            if grant.limit.shadow else Outcome.REJECTED)
-    if stored is not None:
-        for i, result in zip(others, stored.results, strict=True):
-            results[i] = result
-    else:  # unleased limits not asked (a lease refused): nothing charged, as on a refusal
-        for i in others:
-            results[i] = Result(limits[i], True, 0, 0.0, 0.0, outcome=Outcome.SPARED)
-    done = tuple(r for r in results if r is not None)
-    if blocked:
-        retry = max(g.retry_after for g in refused.values() if not g.limit.shadow)
-        decision = Decision(allowed=False, results=done, retry_after=max(1, math.ceil(retry)))
-        return decision, decision  # answered here whole
-    assert stored is not None or not others
-    if stored is not None:
-        decision = Decision(allowed=admitted, results=done, retry_after=stored.retry_after,
-                            delay=stored.delay, version=stored.version, token=stored.token)
-    else:
-        decision = Decision(allowed=True, results=done)
-    local = tuple(r for r in done if r.limit.batch is not None)
-    return decision, Decision(allowed=admitted, results=local)
-
-
-def _call(call: StoreCall) -> StoreCall:
-    """A store call, typed as one for the flow's needs."""
-    return call
-
-
-def _reserve(
-    book: Leases, limits: Sequence[Limit], now: float | None, at: float
-) -> Flow[tuple[dict[int, Hold], dict[int, Grant]]]:
-    """The units each leased limit reserves for this request, by index, taking new leases
-    in one call where the book has too few; and the grants that brought none."""
-    holds: dict[int, Hold] = {}
+    holds, need = reserve(book, limits, at)
     refused: dict[int, Grant] = {}
-    need = []
+    try:
+        if need:
+            wanted, back = [limits[i] for i in need], book.leftovers()
+            grants = await store.lease(wanted, now, back=back)
+            refused = granted(book, need, grants, holds, at)
+        asked = unleased(limits, refused)
+        stored = await store.evaluate(asked, now) if asked else None
+    except BaseException:
+        book.cancel_all(holds)
+        raise
+    return settle(book, limits, holds, refused, stored)
+
+
+def reserve(book: Leases, limits: Sequence[Limit], at: float
+            ) -> tuple[dict[int, Hold], list[int]]:
+    """The units each leased limit reserves from `book` for this request, by index, and
+    the indexes of the leased limits whose book has too few (to lease)."""
+    holds: dict[int, Hold] = {}
+    need: list[int] = []
     for i, limit in enumerate(limits):
         if limit.batch is not None:
             hold = book.take(limit, at)
@@ -345,19 +316,73 @@ def _reserve(
                 need.append(i)
             else:
                 holds[i] = hold
-    if not need:
-        return holds, refused
-    try:
-        wanted, back = [limits[i] for i in need], book.leftovers()
-        grants = yield _call(lambda store: store.lease(wanted, now, back=back))
-    except BaseException:
-        for hold in holds.values():
-            book.cancel(hold)
-        raise
+    return holds, need
+
+
+def granted(book: Leases, need: list[int], grants: Sequence[Grant], holds: dict[int, Hold],
+            at: float) -> dict[int, Grant]:
+    """Record the grants the store gave the limits at `need`, their units reserved into
+    `holds`; the grants that brought too few, by index."""
+    refused: dict[int, Grant] = {}
     for i, grant in zip(need, grants, strict=True):
         hold = book.grant(grant, at)
         if hold is None:
             refused[i] = grant
         else:
             holds[i] = hold
-    return holds, refused
+    return refused
+
+
+def unleased(limits: Sequence[Limit], refused: dict[int, Grant]) -> list[Limit]:
+    """The unleased limits, for the store to decide; none when a lease refused the
+    request (`refused` holds an enforced limit): nothing else is charged then."""
+    for grant in refused.values():
+        if not grant.limit.shadow:
+            return []
+    return [limit for limit in limits if limit.batch is None]
+
+
+def settle(book: Leases, limits: Sequence[Limit], holds: dict[int, Hold],
+           refused: dict[int, Grant], stored: Decision | None) -> tuple[Decision, Decision]:
+    """The request's decision, in its order, from the holds, the refused grants and the
+    store's decision of the unleased limits (None: not asked), the holds spent when it
+    is admitted and put back otherwise; and the part of it answered here."""
+    blocked = False
+    for grant in refused.values():
+        blocked = blocked or not grant.limit.shadow
+    admitted = not blocked and (stored is None or stored.allowed)
+    asked = iter(() if stored is None else stored.results)
+    results: list[Result] = []
+    local: list[Result] = []
+    for i, limit in enumerate(limits):
+        if limit.batch is None:
+            # unleased limits not asked (a lease refused): nothing charged, as on a refusal
+            result = next(asked, None) or Result(limit, True, 0, 0.0, 0.0,
+                                                 outcome=Outcome.SPARED)
+            results.append(result)
+            continue
+        hold = holds.get(i)
+        if hold is not None:
+            if not admitted:
+                book.cancel(hold)
+            result = Result(limit, True, hold.remaining + (0 if admitted else limit.cost),
+                            hold.reset_after, 0.0,
+                            outcome=Outcome.ADMITTED if admitted else Outcome.SPARED)
+        else:
+            grant = refused[i]
+            result = Result(limit, False, grant.remaining, grant.reset_after,
+                            grant.retry_after, outcome=Outcome.WOULD_REJECT
+                            if limit.shadow else Outcome.REJECTED)
+        results.append(result)
+        local.append(result)
+    done = tuple(results)
+    if blocked:
+        retry = max(g.retry_after for g in refused.values() if not g.limit.shadow)
+        decision = Decision(allowed=False, results=done, retry_after=max(1, math.ceil(retry)))
+        return decision, decision  # answered here whole
+    if stored is not None:
+        decision = Decision(allowed=admitted, results=done, retry_after=stored.retry_after,
+                            delay=stored.delay, version=stored.version, token=stored.token)
+    else:
+        decision = Decision(allowed=True, results=done)
+    return decision, Decision(allowed=admitted, results=tuple(local))

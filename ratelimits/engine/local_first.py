@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -68,8 +67,9 @@ class DenyCache:
         self.hold = hold
         self.size = size
         self._lock = threading.Lock()
-        # limit -> (trusted until, retry at, reset at), the oldest learnt first
-        self._refused: OrderedDict[Limit, tuple[float, float, float]] = OrderedDict()
+        #: limit -> (trusted until, retry at, reset at), the oldest learnt first (read
+        #: without the lock: empty, nothing can be answered here)
+        self.refused: OrderedDict[Limit, tuple[float, float, float]] = OrderedDict()
 
     def learn(self, decision: Decision, at: float) -> None:
         """Remember the enforced refusals of a decision the store made at `at`."""
@@ -77,7 +77,7 @@ class DenyCache:
             return
         with self._lock:
             self._expire(at)
-            refused = self._refused
+            refused = self.refused
             for result in decision.results:
                 # a shadow limit's would-be refusal is remembered too, to be reported as
                 # such beside an enforced one (alone it never answers a request)
@@ -94,7 +94,7 @@ class DenyCache:
 
     def answer(self, limits: Sequence[Limit], at: float) -> Decision | None:
         """The refusal of `limits` at `at` if one of them is remembered, else None."""
-        refused = self._refused
+        refused = self.refused
         if not refused:
             return None
         hits: dict[int, tuple[float, float, float]] = {}
@@ -115,36 +115,38 @@ class DenyCache:
         results = []
         retry = 0.0
         for i, limit in enumerate(limits):
-            entry = hits.get(i)
-            if entry is None:  # not consulted: nothing was charged, as on any refusal
+            if i not in hits:  # not consulted: nothing was charged, as on any refusal
                 results.append(Result(limit, True, 0, 0.0, 0.0, outcome=Outcome.SPARED))
                 continue
-            _, retry_at, reset_at = entry
-            retry_after = max(0.0, retry_at - at)
-            if not limit.shadow:
-                retry = max(retry, retry_after)
-            results.append(Result(limit, False, 0, max(0.0, reset_at - at), retry_after,
-                                  outcome=Outcome.WOULD_REJECT if limit.shadow
+            _, retry_at, reset_at = hits[i]
+            retry_after = retry_at - at if retry_at > at else 0.0
+            if not limit.shadow and retry_after > retry:
+                retry = retry_after
+            results.append(Result(limit, False, 0, reset_at - at if reset_at > at else 0.0,
+                                  retry_after, outcome=Outcome.WOULD_REJECT if limit.shadow
                                   else Outcome.REJECTED))
+        whole = int(retry)  # whole seconds, at least one (`Decision.retry_after`)
+        if whole < retry:
+            whole += 1
         return Decision(allowed=False, results=tuple(results),
-                        retry_after=max(1, math.ceil(retry)))
+                        retry_after=whole if whole > 1 else 1)
 
     def forget(self, limit: Limit) -> None:
         """Drop what is remembered of one client under one limit (after a reset)."""
         with self._lock:
-            for remembered in [k for k in self._refused if _same_client(k, limit)]:
-                del self._refused[remembered]
+            for remembered in [k for k in self.refused if _same_client(k, limit)]:
+                del self.refused[remembered]
 
     def clear(self) -> None:
         with self._lock:
-            self._refused.clear()
+            self.refused.clear()
 
     def __len__(self) -> int:
-        return len(self._refused)
+        return len(self.refused)
 
     def _expire(self, at: float) -> None:
         """Drop the expired entries at the oldest end (the lock held)."""
-        refused = self._refused
+        refused = self.refused
         while refused:
             oldest, entry = next(iter(refused.items()))
             if entry[0] > at:
@@ -178,15 +180,21 @@ class LocalFirst(Acquiring):
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Decide a request: in process when one of its limits refused this client within
         the last `HOLD` seconds and its retry time has not come, else in the store."""
+        # read before the store is asked: a refusal is remembered from no later than the
+        # store made it, so never past its retry time
         at = self.clock() if now is None else now
-        local = self._remembered(limits, at)
-        if local is not None:
-            return local
-        if any(limit.batch is not None for limit in limits):
-            decision = self._leased(limits, now, at)
+        if self.denied.refused:  # (read without the lock: nothing remembered, no answer)
+            local = self._remembered(limits, at)
+            if local is not None:
+                return local
+        for limit in limits:
+            if limit.batch is not None:
+                decision = self._leased(limits, now, at)
+                break
         else:
             decision = self.store.evaluate(limits, now)
-        self.denied.learn(decision, at)
+        if not decision.allowed:
+            self.denied.learn(decision, at)
         return decision
 
     async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
@@ -194,17 +202,23 @@ class LocalFirst(Acquiring):
         an asyncio twin (`aio`), in a worker thread otherwise."""
         if self.aio is None:
             return await asyncio.to_thread(self.evaluate, limits, now)
+        # read before the store is asked: a refusal is remembered from no later than the
+        # store made it, so never past its retry time
         at = self.clock() if now is None else now
-        local = self._remembered(limits, at)
-        if local is not None:
-            return local
+        if self.denied.refused:  # (read without the lock: nothing remembered, no answer)
+            local = self._remembered(limits, at)
+            if local is not None:
+                return local
         decision: Decision
-        if any(limit.batch is not None for limit in limits):
-            decision, answered = await lease.adecide(self.aio, self.leases, limits, now, at)
-            self._count_answered(answered, at)
+        for limit in limits:
+            if limit.batch is not None:
+                decision, answered = await lease.adecide(self.aio, self.leases, limits, now, at)
+                self._count_answered(answered, at)
+                break
         else:
             decision = await self.aio.evaluate(limits, now)
-        self.denied.learn(decision, at)
+        if not decision.allowed:
+            self.denied.learn(decision, at)
         return decision
 
     async def arelease(self, decision: Decision) -> None:

@@ -1,9 +1,13 @@
 """The production engine: every limit of a request decided in one call on Redis (FCALL of
 the batch function, or EVALSHA of the same script where the server has no Functions).
 
-Its calls on the request path (a decision, the version, a lease, a release) are flows
-(`flows`) that yield the Redis commands they need (`transport`): `RedisEngine` performs
-them on its blocking client, its asyncio twin (`engine.aio`) awaits the same flows."""
+A decision is pure steps around one command: the command built from the limits
+(`contract.encode`), sent and its reply read, the reply read as a Decision
+(`contract.decode`). `RedisEngine` sends it on its blocking client, its asyncio twin
+(`engine.aio`) awaits it; the steps are the same, the twin's own. A lease is one
+command too (`contract.encode_lease`, `decode_lease`). What is rare (the library or
+script reloaded, a heartbeat pipelined beside the call, a release) is a flow (`flows`)
+that yields the Redis commands it needs (`transport`), run by both."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import Any, TypeVar
 import redis
 
 from ratelimits.engine.acquire import Acquiring
-from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.breaker import CLOSED, CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.contract import (
     carry,
@@ -54,10 +58,12 @@ from ratelimits.engine.scripts import (
 )
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.transport import (
-    UNAVAILABLE_ERRORS,
-    Command,
     Pipelined,
+    Recovering,
     Script,
+    admit,
+    failed,
+    guard,
     guarded,
     wire_of,
 )
@@ -116,75 +122,89 @@ class RedisEngine(Acquiring):
         """Send one command (or pipeline) a flow needs, on this engine's client."""
         return self.wire.perform(need)
 
+    # -- the request path: pure steps around one command --------------------------------
+    #
+    # A decision is `batch()` (pure: the command), one command sent and its reply read
+    # (`_exchange()`: the breaker, redis-py's errors as the engine's), and `decided()`
+    # (pure: the reply as a Decision). The asyncio twin (`engine.aio`) takes the same
+    # pure steps and differs in `_exchange()` alone. What is rare (a beat riding along,
+    # the function or script the server lost) runs as a flow (`flows`) that both run.
+
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
-        return run_flow(self.deciding(limits, now), self.perform)
-
-    def deciding(self, limits: Sequence[Limit], now: float | None) -> Flow[Decision]:
-        """`evaluate()` as a flow (run by this engine, awaited by its asyncio twin)."""
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
-        keys, args, token, carried = self._call_of(limits, now)
+        command, token, chores = self.batch(limits, now)
         try:
-            reply = yield from guarded(self.breaker, self._calling(keys, args, now))
+            reply = self._exchange(command, chores, now, self.script)
         except EngineError as exc:
-            self._unsent(carried)
-            note_taken(limits, token, exc)
+            self.unsent(limits, token, chores, exc)
             raise
-        try:
-            return self._decision_of(limits, reply, token)
-        except EngineError as exc:  # the script ran: its reply is what went wrong
-            note_taken(limits, token, exc)
-            raise
+        return self.decided(limits, reply, token)
 
-    def _call_of(
-        self, limits: Sequence[Limit], now: float | None
-    ) -> tuple[list[str], list[Any], str | None, tuple[Counts, Counts] | None]:
-        """KEYS and ARGV of one decision, its token, and the tallied counts riding along
-        (None: none due)."""
-        keys, args, token = encode(
-            limits, prefix=self.prefix, now=now, version_key=self.version_key,
-            stats=self.stats,
-        )
-        carried = None
-        if self.stats and self.tally.due():  # counts made in process ride along
-            carried = self.tally.take()
-            args += carry(*carried)
-        return keys, args, token, carried
+    def batch(self, limits: Sequence[Limit], now: float | None
+              ) -> tuple[tuple[Any, ...], str | None, Chores | None]:
+        """The batch call of `limits` as one command, the token drawn for it, and the
+        chores riding on it (None: none due, the common case)."""
+        keys, args, token = encode(limits, prefix=self.prefix, now=now,
+                                   version_key=self.version_key, stats=self.stats)
+        beat = self.heartbeat
+        if time.monotonic() < self.tally.due_at and (beat is None or beat.clock() < beat.next_at):
+            return (*self.script.head, len(keys), *keys, *args), token, None
+        chores = self._chores()
+        if chores is not None and chores.carried is not None:
+            args += carry(*chores.carried)  # counts made in process ride along
+        return (*self.script.head, len(keys), *keys, *args), token, chores
 
-    def _unsent(self, carried: tuple[Counts, Counts] | None) -> None:
-        """The call that carried these counts failed: they wait for the next one."""
-        if carried is not None:
-            self.tally.restore(*carried)
+    def _chores(self) -> Chores | None:
+        """The tallied counts and the beat that are due (claimed), if any."""
+        carried = self.tally.take() if self.stats and self.tally.due() else None
+        beat = self.heartbeat if self.heartbeat is not None and self.heartbeat.due() else None
+        return None if carried is None and beat is None else Chores(carried, beat)
 
-    def _decision_of(self, limits: Sequence[Limit], reply: Any, token: str | None) -> Decision:
-        """The script's reply as a Decision, counted in the tally."""
+    def decided(self, limits: Sequence[Limit], reply: Any, token: str | None) -> Decision:
+        """The batch call's reply as a Decision, counted in the tally."""
         try:
             decision = decode(limits, reply, versioned=bool(self.version_key), token=token)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        except ValueError as exc:  # the script ran: its reply is what went wrong
+            error = EngineError(str(exc))
+            note_taken(limits, token, error)
+            raise error from exc
         if self.stats:
             self.tally.add(decision, reply[2])
         return decision
 
-    def _calling(self, keys: list[str], args: list[Any], now: float | None) -> Flow[Any]:
-        """The batch call, a heartbeat pipelined beside it when one is due."""
-        beat = self.heartbeat
-        if beat is None or not beat.due():
-            # The call loads the library (or the script, after NOSCRIPT) when the server
-            # lacks it, so a restarted server or a FUNCTION FLUSH costs one round trip more.
-            return self.script.call(keys, args)
-        return self._beating(beat, keys, args, now)
+    def unsent(self, limits: Sequence[Limit], token: str | None, chores: Chores | None,
+               exc: EngineError) -> None:
+        """The batch call failed with `exc`: the counts it carried wait for the next one,
+        and the slots it takes if the store ran it anyway are noted on `exc`."""
+        if chores is not None and chores.carried is not None:
+            self.tally.restore(*chores.carried)
+        note_taken(limits, token, exc)
 
-    def _beating(self, beat: Heartbeat, keys: list[str], args: list[Any],
-                 now: float | None) -> Flow[Any]:
-        """The batch call and the beat that is due, in one round trip."""
-        reply = yield from beating(beat, self.script.command(keys, args), now)
-        if not isinstance(reply, Exception):
-            return reply
-        if (yield from self.script.recover(reply)):  # the server lacked its script
-            return (yield from self.script.call(keys, args))
-        raise reply
+    def _exchange(self, command: tuple[Any, ...], chores: Chores | None, now: float | None,
+                 script: Recovering | None) -> Any:
+        """Send `command` (a call of `script`, which the server may have lost, or a plain
+        command) with its chores and read its reply, behind the circuit breaker; redis
+        errors raised as the engine's (`transport.failed`)."""
+        breaker = self.breaker
+        if breaker is not None and breaker.state != CLOSED:
+            admit(breaker)
+        try:
+            if chores is None or chores.beat is None:
+                try:
+                    reply = self.wire.call(command)
+                except redis.ResponseError as exc:
+                    if script is None:
+                        raise
+                    reply = run_flow(script.recovering(exc, command[2:]), self.perform)
+            else:
+                reply = run_flow(beating_call(chores.beat, command, now, script), self.perform)
+        except redis.RedisError as exc:
+            raise failed(exc, breaker) from exc
+        if breaker is not None and not breaker.clear:
+            breaker.success()
+        return reply
 
     @property
     def live_instances(self) -> int | None:
@@ -193,33 +213,28 @@ class RedisEngine(Acquiring):
 
     def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, carrying a heartbeat when one is due."""
-        return run_flow(self.reading_version(now), self.perform)
+        command, chores = self.version_read()
+        return version_of(self._exchange(command, chores, now, None))
 
-    def reading_version(self, now: float | None) -> Flow[int]:
-        """`read_version()` as a flow (see `deciding`)."""
+    def version_read(self) -> tuple[tuple[Any, ...], Chores | None]:
+        """The GET of the version, and the beat riding on it (None: none due)."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        raw = yield from guarded(self.breaker, self._getting(self.version_key, now))
-        return int(raw) if raw is not None else 0
-
-    def _getting(self, key: str, now: float | None) -> Flow[Any]:
         beat = self.heartbeat
         if beat is None or not beat.due():
-            return (yield Command("GET", key))
-        reply = yield from beating(beat, ("GET", key), now)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+            return ("GET", self.version_key), None
+        return ("GET", self.version_key), Chores(None, beat)
 
     def release(self, decision: Decision) -> None:
         """Free the concurrency slots an admitted decision holds (one round trip)."""
         run_flow(self.releasing(decision), self.perform)
 
     def releasing(self, decision: Decision) -> Flow[None]:
-        """`release()` as a flow (see `deciding`), behind the circuit breaker like any
-        call: while the store is out of reach it raises EngineUnavailable (at once while
-        the circuit is open), so the caller knows the slots are still held and may try
-        again (the pipeline's watchdog does)."""
+        """`release()` as a flow (run by this engine, awaited by its asyncio twin),
+        behind the circuit breaker like any call: while the store is out of reach it
+        raises EngineUnavailable (at once while the circuit is open), so the caller
+        knows the slots are still held and may try again (the pipeline's watchdog
+        does)."""
         if decision.token is None:
             return
         zrems = (("ZREM", base_key(self.prefix, limit), *members)
@@ -233,10 +248,9 @@ class RedisEngine(Acquiring):
         """Tell every process that the policies changed; returns the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        try:  # INCR, from the server's clock when the key was lost (lua/version.lua)
-            return int(self.client.register_script(version_source())(keys=[self.version_key]))
-        except UNAVAILABLE_ERRORS as exc:
-            raise EngineUnavailable(str(exc)) from exc
+        bump = self.client.register_script(version_source())
+        # INCR, from the server's clock when the key was lost (lua/version.lua)
+        return int(guard(lambda: bump(keys=[self.version_key])))
 
     # -- decisions made in process, counted like the script's --------------------------
 
@@ -332,7 +346,8 @@ class RedisEngine(Acquiring):
         `lease`)."""
         if limit.batch is not None:
             keys, args = encode_lease_reset(self.prefix, limit, now)
-            run_flow(guarded(self.breaker, lease_script().call(keys, args)), self.perform)
+            script = lease_script()
+            self._exchange(script.command(keys, args), None, now, script)
             return
         keys, cells = stored_state(self.prefix, limit, lambda: self._now_us(now))
         pipe = self.client.pipeline(transaction=False)
@@ -370,12 +385,8 @@ class RedisEngine(Acquiring):
             return
         if self._renew_script is None:  # built on first use: most sites hold no slots
             self._renew_script = self.client.register_script(renew_source())
-        try:
-            self._renew_script(keys=keys, args=args)
-        except UNAVAILABLE_ERRORS as exc:
-            raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
-        except redis.RedisError as exc:
-            raise EngineError(str(exc)) from exc
+        renew = self._renew_script
+        guard(lambda: renew(keys=keys, args=args))
 
     # -- leases (see engine/lease.py) -------------------------------------------------
 
@@ -392,35 +403,57 @@ class RedisEngine(Acquiring):
 
         Raises EngineUnavailable when the store is out of reach, like `evaluate()`.
         """
-        return run_flow(self.leasing(limits, now, back), self.perform)
-
-    def leasing(self, limits: Sequence[Limit], now: float | None,
-                back: Sequence[Leftover]) -> Flow[list[Grant]]:
-        """`lease()` as a flow (see `deciding`)."""
         if not limits and not back:
             return []
-        reply = yield from self._lease_call(limits, back, now)
-        try:
-            return decode_lease(limits, back, reply)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        script = lease_script()
+        command = script.command(*encode_lease(self.prefix, limits, back, now))
+        return granted(limits, back, self._exchange(command, None, now, script))
 
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
         """Return the unspent units of ended leases; a window that has ended keeps its
         count. Returns the units taken back."""
         if not back:
             return 0
-        reply = run_flow(self._lease_call((), back, now), self.perform)
-        try:
-            decode_lease((), back, reply)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        script = lease_script()
+        reply = self._exchange(script.command(*encode_lease(self.prefix, (), back, now)),
+                               None, now, script)
+        granted((), back, reply)
         return returned_units(back, reply)
 
-    def _lease_call(self, limits: Sequence[Limit], back: Sequence[Leftover],
-                    now: float | None) -> Flow[Any]:
-        keys, args = encode_lease(self.prefix, limits, back, now)
-        return (yield from guarded(self.breaker, lease_script().call(keys, args)))
+
+class Chores:
+    """What rides on a call besides its command, when due: tallied counts (`carried`,
+    in the command's ARGV) and a heartbeat (`beat`, pipelined beside it)."""
+
+    __slots__ = ("beat", "carried")
+
+    def __init__(self, carried: tuple[Counts, Counts] | None, beat: Heartbeat | None) -> None:
+        self.carried, self.beat = carried, beat
+
+
+def beating_call(beat: Heartbeat, command: tuple[Any, ...], now: float | None,
+                 script: Recovering | None) -> Flow[Any]:
+    """`command` and the beat that is due, in one round trip: its reply; a call of
+    `script` that the server lacked made again once it is loaded."""
+    reply = yield from beating(beat, command, now)
+    if not isinstance(reply, Exception):
+        return reply
+    if script is None:
+        raise reply
+    return (yield from script.recovering(reply, command[2:]))
+
+
+def granted(limits: Sequence[Limit], back: Sequence[Leftover], reply: Any) -> list[Grant]:
+    """The lease script's reply as one Grant per limit (`contract.decode_lease`)."""
+    try:
+        return decode_lease(limits, back, reply)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from exc
+
+
+def version_of(raw: Any) -> int:
+    """The policy version a GET answered (0 before the first bump)."""
+    return int(raw) if raw is not None else 0
 
 
 def _sent(need: Pipelined) -> Flow[Any]:

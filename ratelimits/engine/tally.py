@@ -88,10 +88,12 @@ class Tally:
         self._sending = threading.Lock()
         self._first = 0.0  # monotonic time of the oldest count not yet taken
         self._quiet_until = 0.0  # after a failed send: no call carries counts until then
+        #: no call need carry counts before this monotonic time (a call made sooner need
+        #: not ask `due()`; one made later asks it)
+        self.due_at = math.inf
         self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
-        self._pid = os.getpid()
         atexit.register(_close_at_exit, weakref.ref(self))
         _tallies.add(self)
 
@@ -99,21 +101,30 @@ class Tally:
         """Count each named limit's outcome in `decision`, made at `now_us` (µs)."""
         minute = int(now_us // _MINUTE_US)
         with self._lock:
-            if self._pid != os.getpid() or not (self._counts or self._offenders):
+            if not (self._counts or self._offenders):
                 self._starting()
+            mine = self._counts
             for result in decision.results:
                 name = result.limit.name
                 if not name:
                     continue
                 field = result.outcome._value_  # the plain str: `.value` is a property
-                counts = self._counts.get((name, minute))
-                if counts is None:
-                    counts = self._counts[name, minute] = {}
-                counts[field] = counts.get(field, 0) + 1
+                try:
+                    counts = mine[name, minute]
+                except KeyError:
+                    counts = mine[name, minute] = {}
+                try:
+                    counts[field] += 1
+                except KeyError:
+                    counts[field] = 1
                 if field in _REFUSED:
-                    self._offend((name, int(now_us // _HOUR_US)),
-                                 result.limit.key[:OFFENDER_CHARS], 1)
-            schedule = self._schedule()
+                    hour, who = (name, int(now_us // _HOUR_US)), result.limit.key[:OFFENDER_CHARS]
+                    try:  # an offender counted already this hour: the usual refusal
+                        self._offenders[hour][who] += 1
+                    except KeyError:
+                        self._offend(hour, who, 1)
+            schedule = not self._flushing  # one flush pending at a time (`_schedule`)
+            self._flushing = True
         if schedule:
             self._executor().submit(self._flush_quietly, self.every)
 
@@ -149,14 +160,18 @@ class Tally:
             self._errors.setdefault(key, {})[who] = floor
 
     def _starting(self) -> None:
-        """Before counting (the lock held): a forked child starts empty, and the first
-        count starts the clock of `due()`."""
-        if self._pid != os.getpid():  # a forked child: the parent sends its own counts
-            self._pid = os.getpid()
-            self._counts, self._offenders, self._errors = {}, {}, {}
-            self._flushing, self._quiet_until = False, 0.0
+        """Before counting (the lock held): the first count starts the clock of `due()`."""
         if not self._counts and not self._offenders:
             self._first = time.monotonic()
+            self.due_at = max(self._first + self.every / 2, self._quiet_until)
+
+    def _forked(self) -> None:
+        """In a forked child: it starts empty (the parent sends its own counts), with
+        locks of its own (a thread of the parent may have held them)."""
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()
+        self._counts, self._offenders, self._errors = {}, {}, {}
+        self._flushing, self._quiet_until, self.due_at = False, 0.0, math.inf
 
     def _schedule(self) -> bool:
         """Whether to schedule a flush (the lock held). One flush is pending at a time,
@@ -259,6 +274,7 @@ class Tally:
             self._quiet_until = time.monotonic() + self.every
             if not self._counts and not self._offenders:
                 self._first = time.monotonic()
+            self.due_at = max(self._first + self.every / 2, self._quiet_until)
             for key, fields in counts.items():
                 mine = self._counts.setdefault(key, {})
                 for field, n in fields.items():
@@ -302,6 +318,14 @@ def discard_all() -> None:
     database between tests; a process that means to keep its counts closes its engines."""
     for tally in list(_tallies):
         tally.discard()
+
+
+def _forked() -> None:
+    for tally in list(_tallies):
+        tally._forked()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _close_at_exit(ref: weakref.ref[Tally]) -> None:

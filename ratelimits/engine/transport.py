@@ -6,8 +6,11 @@ error of one command as its value). `perform` sends them on a blocking `redis.Re
 `aperform` on a `redis.asyncio.Redis`: the same commands, the same replies, so what a
 call means (its script loading, its recovery) is written once, in the flow.
 
-`guarded` puts a flow behind the circuit breaker and turns redis-py's errors into the
-engine's: `EngineUnavailable` when the store is out of reach, `EngineError` otherwise.
+What a store error means is decided here once, for every engine (`engine_error`):
+`EngineUnavailable` when the store is out of reach, `EngineError` otherwise. `guarded`
+is the one circuit-breaker wrapper: the single server's rare flows, the cluster's
+fan-outs and its leases go through it (`aguarded` awaits it); the single server's
+decision, one command, asks the same breaker inline (`RedisEngine._exchange`).
 """
 
 from __future__ import annotations
@@ -16,38 +19,50 @@ import hashlib
 import os
 import select
 import weakref
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
 
 import redis
 import redis.asyncio
-from redis.exceptions import NoScriptError
+from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException
 
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
-from ratelimits.engine.flows import Flow
+from ratelimits.engine.flows import Flow, arun_flow
 
 __all__ = [
+    "STORE_ERRORS",
     "UNAVAILABLE_ERRORS",
     "Command",
     "Pipelined",
+    "Recovering",
     "Script",
     "Wire",
     "admit",
+    "aguarded",
     "aperform",
+    "engine_error",
     "failed",
+    "guard",
     "guarded",
     "perform",
     "wire_of",
 ]
 
-#: Errors that mean "the store is out of reach", as opposed to a bug in what we sent.
+#: Errors that mean "the store is out of reach", as opposed to a bug in what we sent. A
+#: cluster client's own failures (no node reachable, no slot owner) are not RedisErrors
+#: and mean the same; so does CLUSTERDOWN (and MASTERDOWN): a node answers it while a
+#: slot has no owner it can reach, and for two seconds after a primary restarts.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.ReadOnlyError,
     redis.BusyLoadingError,
+    RedisClusterException,
+    ClusterDownError,
 )
+#: Everything a store call may fail with: redis-py's errors, and the cluster client's.
+STORE_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
 T = TypeVar("T")
 
@@ -63,12 +78,14 @@ class Command:
 
 class Pipelined:
     """Commands sent in one round trip; the flow is sent their replies, in order, an
-    error of one command as its value (a connection's failure is raised)."""
+    error of one command as its value (a connection's failure is raised). `node`: the
+    cluster node they go to (see `cluster_fanout`); None on a single server."""
 
-    __slots__ = ("commands",)
+    __slots__ = ("commands", "node")
 
-    def __init__(self, *commands: tuple[Any, ...]) -> None:
+    def __init__(self, *commands: tuple[Any, ...], node: Any = None) -> None:
         self.commands = commands
+        self.node = node
 
 
 Need = Command | Pipelined
@@ -88,8 +105,10 @@ class Wire:
     """A blocking client's commands, sent on connections this wire keeps.
 
     A command goes out on a connection taken from a stack that no lock guards (its pop
-    and append are atomic), written and read through the connection's public calls
-    (`send_command`, `read_response`), and is answered what `execute_command` answers:
+    and append are atomic), packed as the connection would pack it (hiredis's
+    `pack_command`, which redis-py uses when hiredis is installed; else the
+    connection's `send_command`) and written to its socket, its reply read by the
+    connection (`read_response`), and is answered what `execute_command` answers:
     commands with a reply callback (`PING`, `SCRIPT LOAD` ...) and pipelines take the
     client's own path, and so does every command of a cluster client. Between that and
     checking a connection out of redis-py's pool for each command, the difference is
@@ -111,6 +130,13 @@ class Wire:
         #: all checked out of the client's pool, and checked back in by `close()`
         self.warm: list[Any] = []
         self.cold: list[Any] = []
+        #: each kept connection's socket and its poller (see `_stale`)
+        self._pollers: dict[Any, tuple[Any, Any]] = {}
+        #: hiredis's packer where redis-py would pack with it (the same bytes, without
+        #: the connection's layers around it); None: the connection packs
+        self.pack: Any = (_PACK if self.callbacks is not None and
+                          client.connection_pool.connection_kwargs.get("command_packer") is None
+                          else None)
         if self.callbacks is not None:  # the pool held weakly: it holds this wire
             weakref.finalize(self, _check_in_later, weakref.ref(client.connection_pool),
                              self.warm, self.cold)
@@ -119,13 +145,43 @@ class Wire:
     def perform(self, need: Need) -> Any:
         """Send `need` and read its reply (see `perform`)."""
         callbacks = self.callbacks
-        if type(need) is not Command or callbacks is None or need.args[0] in callbacks:
+        if (type(need) is not Command or callbacks is None or need.args[0] in callbacks
+                or " " in need.args[0]):
             return perform(self.client, need)
-        connection, connected = self._take()
+        return self.call(need.args)
+
+    def call(self, args: tuple[Any, ...]) -> Any:
+        """Send one command that has no reply callback (FCALL, EVALSHA, GET ...) and read
+        its reply: `perform(Command(*args))` without asking which path it takes.
+
+        An idle connection whose socket was polled before goes at once: polled again
+        (see `_fresh`), the command packed as redis-py packs it and written to that
+        socket, the reply read by the connection. Anything else (no idle connection,
+        a new socket, a poll that says stale) is settled by `_ready` first."""
+        if self.callbacks is None:
+            return perform(self.client, Command(*args))
+        connection: Any = None
         try:
-            if not connected:
-                connection.connect()  # a Sentinel connection asks for the master here
-            connection.send_command(*need.args, check_health=False)
+            connection = self.warm.pop()
+            sock, poller = self._pollers[connection]
+            if sock is not connection._sock or poller.poll(0):
+                sock = None  # another socket, or the server closed this one
+        except (LookupError, OSError, ValueError):  # none idle, not polled yet, poll failed
+            sock = None
+        if sock is None:
+            connection, sock = self._ready(connection)
+        try:
+            if sock is None or self.pack is None:
+                connection.send_command(*args, check_health=False)
+            else:  # what goes wrong raised as redis-py's `send_packed_command` raises it
+                try:
+                    sock.sendall(self.pack(args))
+                except TypeError as exc:  # a value redis-py cannot send either
+                    raise redis.DataError(str(exc)) from exc
+                except TimeoutError as exc:  # (socket.timeout)
+                    raise redis.TimeoutError("Timeout writing to socket") from exc
+                except OSError as exc:
+                    raise redis.ConnectionError(f"Error while writing to socket: {exc}") from exc
             reply = connection.read_response()
         except redis.ResponseError:
             self.warm.append(connection)  # an error reply: the connection is sound
@@ -137,60 +193,88 @@ class Wire:
         self.warm.append(connection)
         return reply
 
-    def _take(self) -> tuple[Any, bool]:
-        """A connection and whether it is connected: a warm one if one is idle (checked
-        as the pool checks its own), else one to connect again (a failure's), else one
-        checked out of the client's pool, connected and checked by it."""
-        try:
-            connection = self.warm.pop()
-        except IndexError:
+    def _ready(self, connection: Any) -> tuple[Any, Any]:
+        """A connection ready for a command, from `connection` (an idle one the quick
+        look of `call` did not clear, or None), and its socket when it can be polled
+        (None: use the connection's own calls): an idle one checked as the pool checks
+        its own, else one to connect again (a failure's), else one checked out of the
+        client's pool, connected and checked by it."""
+        if connection is None:
             try:
-                return self.cold.pop(), False
+                connection = self.cold.pop()
             except IndexError:
-                return self.client.connection_pool.get_connection(), True
-        if _stale(connection):
+                connection = self.client.connection_pool.get_connection()
+            else:
+                connection.connect()  # a Sentinel connection asks for the master here
+        elif self._stale(connection):
             connection.disconnect()
-            return connection, False
-        return connection, True
+            connection.connect()
+        return connection, self._polled(connection)
+
+    def _polled(self, connection: Any) -> Any:
+        """The connection's socket, with a poller kept for it (None: none to poll)."""
+        sock = getattr(connection, "_sock", None)
+        if sock is None or _POLL is None:
+            return None
+        poller = _POLL()
+        try:
+            poller.register(sock, select.POLLIN)
+        except (OSError, ValueError, TypeError):
+            return None
+        self._pollers[connection] = (sock, poller)
+        return sock
+
+    def _stale(self, connection: Any) -> bool:
+        """Whether an idle connection must not carry a command: the server closed it (a
+        restart, its idle timeout), or data no call asked for waits on it.
+
+        One poll(2) of its socket, which reads as ready in both cases: redis-py's
+        `can_read()`, asked where there is no socket to poll, answers the same for
+        several times the cost (the socket's timeout changed twice, a read that fails,
+        an exception). No reply waits in the parser's buffer: a call that stopped
+        half-way disconnects its connection (see `call`).
+        """
+        if self._polled(connection) is not None:
+            try:
+                return bool(self._pollers[connection][1].poll(0))
+            except (OSError, ValueError, TypeError):
+                return True
+        try:
+            return bool(connection.can_read())
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return True
 
     def close(self) -> None:
         """Check the idle connections back into the client's pool."""
         if self.callbacks is not None:
             _check_in(self.client.connection_pool, self.warm, self.cold)
+        self._pollers.clear()
 
     def forget(self) -> None:
         """Drop the connections without touching their sockets: a forked child's copies
         belong to the parent (the child's pool starts afresh too)."""
         self.warm.clear()
         self.cold.clear()
-
-
-def _stale(connection: Any) -> bool:
-    """Whether an idle connection must not carry a command: the server closed it (a
-    restart, its idle timeout), or data no call asked for waits on it.
-
-    One poll(2) of its socket, which reads as ready in both cases: redis-py's
-    `can_read()`, asked where there is no socket to poll, answers the same for several
-    times the cost (the socket's timeout changed twice, a read that fails, an exception).
-    No reply waits in the parser's buffer: a call that stopped half-way disconnects its
-    connection (see `Wire.perform`).
-    """
-    sock = getattr(connection, "_sock", None)
-    if sock is not None and _POLL is not None:
-        try:
-            poller = _POLL()
-            poller.register(sock, select.POLLIN)
-            return bool(poller.poll(0))
-        except (OSError, ValueError, TypeError):
-            return True
-    try:
-        return bool(connection.can_read())
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return True
+        self._pollers.clear()
 
 
 #: poll(2), where the platform has it (not on Windows)
 _POLL = getattr(select, "poll", None)
+
+
+def _hiredis_packer() -> Any:
+    """hiredis's `pack_command` when redis-py packs commands with it (hiredis installed,
+    a redis-py that has its hiredis serializer), else None."""
+    try:
+        import hiredis
+        from redis.connection import HiredisRespSerializer  # noqa: F401  (its presence)
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError:
+        return None
+    return hiredis.pack_command if HIREDIS_AVAILABLE else None
+
+
+_PACK = _hiredis_packer()
 
 
 #: The attribute of a connection pool that holds its wire (see `wire_of`).
@@ -270,10 +354,25 @@ class Script:
         """Run the script; after NOSCRIPT (a restart, a SCRIPT FLUSH), load it and again."""
         try:
             return (yield Command(*self.command(keys, args)))
-        except NoScriptError:
-            pass
+        except NoScriptError as exc:
+            error = exc
+        return (yield from self.recovering(error, (len(keys), *keys, *args)))
+
+    def recovering(self, error: Exception, body: tuple[Any, ...]) -> Flow[Any]:
+        """After an EVALSHA of `body` (numkeys, keys, args) failed with `error`: the
+        script loaded and the call made again when the server lacked it (NOSCRIPT);
+        `error` raised otherwise."""
+        if not isinstance(error, NoScriptError):
+            raise error
         yield Command("SCRIPT LOAD", self.source)
-        return (yield Command(*self.command(keys, args)))
+        return (yield Command("EVALSHA", self.sha, *body))
+
+
+class Recovering(Protocol):
+    """A script whose call, failed because the server lacked it, is made again (see
+    `Script.recovering`, `functions.StoredScript.recovering`)."""
+
+    def recovering(self, error: Exception, body: tuple[Any, ...]) -> Flow[Any]: ...
 
 
 def admit(breaker: CircuitBreaker | None) -> None:
@@ -283,23 +382,62 @@ def admit(breaker: CircuitBreaker | None) -> None:
 
 
 def guarded(breaker: CircuitBreaker | None, flow: Flow[T]) -> Flow[T]:
-    """`flow` behind `breaker`: it fails fast while the breaker is open; its redis errors
-    become engine errors, and tell the breaker, as its success does."""
+    """`flow` behind `breaker`, the one wrapper of every engine's calls (single node,
+    cluster fan-out, leases): it fails fast while the breaker is open; its store errors
+    become engine errors (`failed`), and each engine error, as its success, tells the
+    breaker."""
     admit(breaker)
     try:
         reply = yield from flow
-    except redis.RedisError as exc:
+    except STORE_ERRORS as exc:
         raise failed(exc, breaker) from exc
+    except EngineError:
+        if breaker is not None:
+            breaker.failure()
+        raise
     if breaker is not None:
         breaker.success()
     return reply
 
 
-def failed(exc: redis.RedisError, breaker: CircuitBreaker | None) -> EngineError:
-    """The engine error a failed store call raises (the breaker told): EngineUnavailable
-    when the store is out of reach, EngineError for an error of the call itself."""
+async def aguarded(breaker: CircuitBreaker | None, call: Coroutine[Any, Any, T]) -> T:
+    """`guarded` for a coroutine (an awaited flow, `flows.arun_flow`): the same wrapper,
+    the coroutine its one need."""
+    try:
+        return await arun_flow(guarded(breaker, _awaiting(call)), _itself)
+    finally:
+        call.close()  # never awaited when the breaker refused it: no warning about it
+
+
+def _awaiting(call: Coroutine[Any, Any, T]) -> Flow[T]:
+    result: T = yield call
+    return result
+
+
+def _itself(call: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
+    return call
+
+
+def guard(run: Callable[[], T]) -> T:
+    """`run()`, its store errors raised as engine errors (`engine_error`): a call that
+    no breaker watches (a reset, a figure read, a flush)."""
+    try:
+        return run()
+    except STORE_ERRORS as exc:
+        raise engine_error(exc) from exc
+
+
+def failed(exc: BaseException, breaker: CircuitBreaker | None) -> EngineError:
+    """The engine error a failed store call raises (`engine_error`), the breaker told."""
     if breaker is not None:
         breaker.failure()
+    return engine_error(exc)
+
+
+def engine_error(exc: BaseException) -> EngineError:
+    """What a store error means to the engine's callers, the one mapping of all its
+    calls: EngineUnavailable when the store is out of reach (`UNAVAILABLE_ERRORS`),
+    EngineError for an error of the call itself."""
     if isinstance(exc, UNAVAILABLE_ERRORS):
         return EngineUnavailable(str(exc) or type(exc).__name__)
     return EngineError(str(exc))

@@ -3,6 +3,7 @@ process's book of leases, and the engine calls' failures."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import multiprocessing
 import os
@@ -12,11 +13,13 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ratelimits.engine import EngineUnavailable, Limit, MemoryEngine, RedisEngine
+from ratelimits.engine.aio import AsyncRedisEngine
 from ratelimits.engine.keynames import base_key, cell
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leases, Leftover
 from ratelimits.engine.local_first import LocalFirst
@@ -161,6 +164,17 @@ def test_the_lease_script_is_reloaded_after_a_script_flush(engine, redis_client)
     engine.lease([limit], now=T0)
     redis_client.script_flush()
     assert engine.lease([limit], now=T0)[0].units == 50
+    redis_client.script_flush()
+    assert engine.give_back([Leftover(limit, WINDOW, 10)], now=T0) == 10
+
+
+def test_the_asyncio_twin_reloads_the_lease_script_after_a_script_flush(engine, redis_client,
+                                                                         redis_url):
+    twin = AsyncRedisEngine(engine, lambda: redis.asyncio.Redis.from_url(redis_url))
+    limit = fixed()
+    engine.lease([limit], now=T0)
+    redis_client.script_flush()
+    assert asyncio.run(twin.lease([limit], now=T0))[0].units == 50
 
 
 def test_a_limit_without_batch_cannot_be_leased(engine):
