@@ -34,6 +34,7 @@ from ratelimits.engine.redis_urls import (
     parse_socket,
     redact_url,
 )
+from ratelimits.engine.transport import polled
 
 __all__ = [
     "DEPLOYMENTS",
@@ -168,7 +169,7 @@ def async_twin_client(client: Any) -> Any:
 
 
 def _plain_pool(pool: Any, kwargs: dict[str, Any]) -> Any:
-    return redis.ConnectionPool(connection_class=pool.connection_class,
+    return redis.ConnectionPool(connection_class=polled(pool.connection_class),
                                 max_connections=pool.max_connections, **kwargs)
 
 
@@ -208,7 +209,8 @@ def _sentinel_pool(pool: Any, kwargs: dict[str, Any]) -> Any:
         sentinel_kwargs=_sentinel_options(pool, kwargs, Retry(NoBackoff(), 0)),
     )
     return SentinelConnectionPool(  # type: ignore[no-untyped-call]
-        pool.service_name, manager, is_master=pool.is_master, **kwargs
+        pool.service_name, manager, is_master=pool.is_master,
+        connection_class=polled(pool.connection_class), **kwargs
     )
 
 

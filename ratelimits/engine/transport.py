@@ -15,6 +15,7 @@ decision, one command, asks the same breaker inline (`RedisEngine._exchange`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import select
@@ -35,6 +36,7 @@ __all__ = [
     "UNAVAILABLE_ERRORS",
     "Command",
     "Pipelined",
+    "Polled",
     "Recovering",
     "Script",
     "Wire",
@@ -46,6 +48,7 @@ __all__ = [
     "guard",
     "guarded",
     "perform",
+    "polled",
     "wire_of",
 ]
 
@@ -99,6 +102,34 @@ def perform(client: redis.Redis, need: Need) -> Any:
     for command in need.commands:
         pipe.execute_command(*command)  # type: ignore[no-untyped-call]
     return pipe.execute(raise_on_error=False)
+
+
+class Polled:
+    """A redis-py connection that keeps the socket it talks on public (`socket`), so a
+    `Wire` can poll it and write to it: a mixin in front of the connection class of a
+    limiter's pool (`polled`). The socket is taken where the connection opens it
+    (`_connect`, the hook redis-py's own connection classes extend for TLS and unix
+    sockets) and let go when it closes."""
+
+    socket: Any = None
+
+    def _connect(self) -> Any:
+        sock = super()._connect()  # type: ignore[misc]
+        self.socket = sock
+        return sock
+
+    def disconnect(self, *args: Any, **kwargs: Any) -> None:
+        self.socket = None
+        super().disconnect(*args, **kwargs)  # type: ignore[misc]
+
+
+@functools.cache
+def polled(connection_class: type) -> type:
+    """`connection_class` (redis-py's, or a subclass of a cache's) with `Polled` in front,
+    under the same name."""
+    if issubclass(connection_class, Polled):
+        return connection_class
+    return type(connection_class.__name__, (Polled, connection_class), {})
 
 
 class Wire:
@@ -164,7 +195,7 @@ class Wire:
         try:
             connection = self.warm.pop()
             sock, poller = self._pollers[connection]
-            if sock is not connection._sock or poller.poll(0):
+            if sock is not connection.socket or poller.poll(0):
                 sock = None  # another socket, or the server closed this one
         except (LookupError, OSError, ValueError):  # none idle, not polled yet, poll failed
             sock = None
@@ -213,7 +244,7 @@ class Wire:
 
     def _polled(self, connection: Any) -> Any:
         """The connection's socket, with a poller kept for it (None: none to poll)."""
-        sock = getattr(connection, "_sock", None)
+        sock = connection.socket if isinstance(connection, Polled) else None
         if sock is None or _POLL is None:
             return None
         poller = _POLL()

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -66,8 +66,15 @@ def redis_client_for(alias: str) -> Any:
         return None
     if backend and backend.startswith("django_redis."):
         return get_redis_connection(alias, write=True)
-    # Django's RedisCache keeps a redis-py client per server; the primary takes writes.
-    return caches[alias]._cache.get_client(write=True)  # type: ignore[attr-defined]
+    # Django's RedisCache: a client of its own on the same servers, built as the cache
+    # builds its own (its RedisCacheClient, from LOCATION and OPTIONS); the first server
+    # is the primary, which takes writes.
+    from django.core.cache.backends.redis import RedisCacheClient
+
+    entry: Mapping[str, Any] = settings.CACHES[alias]
+    location = entry.get("LOCATION", "")
+    servers = re.split("[;,]", location) if isinstance(location, str) else location
+    return RedisCacheClient(servers, **entry.get("OPTIONS", {})).get_client(write=True)
 
 
 def _clock() -> float:
