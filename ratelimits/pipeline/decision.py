@@ -48,12 +48,17 @@ from ratelimits.pipeline.fallback import fallback
 from ratelimits.pipeline.metrics import recorder_for
 from ratelimits.pipeline.plan import Planned, plan
 from ratelimits.pipeline.release import adaptive_taken
-from ratelimits.pipeline.resolver import DB_CHECK_EVERY, resolver
+from ratelimits.pipeline.resolver import (
+    DB_CHECK_EVERY,
+    anewer_snapshot,
+    current,
+    newer_snapshot,
+    resolver,
+)
 from ratelimits.pipeline.routing import Route, asks, defers, left_alone, route_of
 from ratelimits.pipeline.settling import pending_of
 from ratelimits.pipeline.state import Context, RequestState, http_request, process, state_for
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict, denies, judge, unidentified
-from ratelimits.pipeline.version import anewer_snapshot, current, newer_snapshot
 from ratelimits.pipeline.waiting import seat, settle, vacate
 from ratelimits.pipeline.watchdog import hold, watchdog
 
@@ -151,7 +156,7 @@ class Pass:
     def prepare(self, policies: Sequence[Any], planned: list[Planned],
                 failed: list[Any]) -> Step:
         self.judged = True
-        return prepare(self.ctx, policies, planned, failed)
+        return prepare(self.ctx, policies, planned, failed, self.route.may_wait)
 
     def judge(self, step: Step, reply: tuple[Any, Decision | EngineError] | None) -> None:
         got, self.version = finish(self.ctx, self.snap, step, reply, self.route.settles)
@@ -282,7 +287,7 @@ class Step:
 
 
 def prepare(ctx: Context, policies: Sequence[Any], planned: list[Planned],
-            failed: list[Any]) -> Step:
+            failed: list[Any], may_wait: bool = True) -> Step:
     """The step that decides `planned`: refused at once (503) when a policy that cannot
     identify the client denies; else a place taken when a policy may delay the request,
     and every in-process layer asked, in order, until one refuses."""
@@ -294,7 +299,9 @@ def prepare(ctx: Context, policies: Sequence[Any], planned: list[Planned],
         step = Step(planned, failed, None, None, None)
         step.verdict = unidentified(planned)
         return step
-    planned, place = seat(ctx, planned)  # a place to wait in, taken before any turn is
+    place = None
+    if may_wait:  # a place to wait in, taken before any turn is
+        planned, place = seat(ctx, planned)
     step = Step(planned, failed, place, decision_time(state), recorder_for(ctx.config))
     for p in planned:
         if p.policy.in_process:

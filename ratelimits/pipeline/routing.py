@@ -38,8 +38,8 @@ ROUTES_KEPT = 2_048
 class Route:
     """What requests of one method and path ask of one snapshot (see `route_of`)."""
 
-    __slots__ = ("admin", "calls_code", "deferred", "local", "overridden", "path",
-                 "policies", "reads_user", "redirect", "settles")
+    __slots__ = ("admin", "calls_code", "deferred", "local", "may_wait", "overridden",
+                 "path", "policies", "reads_user", "redirect", "settles")
 
     def __init__(self, base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> None:
         path_info = base.path_info
@@ -64,8 +64,10 @@ class Route:
             p.cost_of is not None for p in policies)
         self.overridden = any(p.overrides is not None for p in policies)
         self.local = any(p.in_process for p in policies)
-        #: A policy's response may charge or clear the count (`charge_on`, `reset_on`).
+        #: A policy's response may charge or clear the count (`charge_on`, `reset_on`);
+        #: a policy may admit with a delay (a place in the waiting room is taken first).
         self.settles = any(p.settles for p in policies)
+        self.may_wait = any(p.may_wait for p in policies)
 
 
 #: The scopes of a request outside DRF: only policies without a scope apply.

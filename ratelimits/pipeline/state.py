@@ -112,7 +112,7 @@ class ProcessState:
     last_unavailable_log: float = 0.0
     #: When the policy version was last learnt from the store (a reply that carried it,
     #: or a read of it, failed ones included): requests that learn nothing read it again
-    #: only once this is a second old (version.VERSION_EVERY).
+    #: only once this is a second old (resolver.VERSION_EVERY).
     version_at: float = -float("inf")
     #: Held by the one thread that reads the version; the others go on meanwhile.
     version_lock: threading.Lock = field(default_factory=threading.Lock)

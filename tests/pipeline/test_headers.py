@@ -6,7 +6,7 @@ import pytest
 
 from ratelimits.engine.types import Limit, Result
 from ratelimits.pipeline.compiled import CompiledPolicy
-from ratelimits.pipeline.headers import closest, rate_headers
+from ratelimits.pipeline.responses import closest, rate_headers
 from ratelimits.pipeline.verdict import PolicyOutcome
 
 
