@@ -47,6 +47,9 @@ from ratelimits.engine.types import REFUND, Decision, Limit, Outcome
 
 __all__ = ["MemoryEngine"]
 
+#: At most this many limits are kept made ready (see `MemoryEngine.take`).
+PREPARED_KEPT = 4_096
+
 
 class MemoryEngine(Acquiring):
     """Same `evaluate` as `RedisEngine`, with the state in this process. Thread-safe."""
@@ -57,6 +60,8 @@ class MemoryEngine(Acquiring):
         self._store = ExpiringStore()
         self._version = 0
         self._lock = threading.Lock()
+        #: each limit made ready once (`prepare`): a client's limit recurs on its requests
+        self._prepared: dict[Limit, Prepared] = {}
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
@@ -66,7 +71,16 @@ class MemoryEngine(Acquiring):
              ) -> tuple[Decision, Receipt | None]:
         """`evaluate()`, and a receipt of what it charged for `refund()` (None: nothing)."""
         now_f = float(to_us(time.time() if now is None else now))
-        prepared = [self.prepare(limit) for limit in limits]
+        kept = self._prepared
+        prepared = []
+        for limit in limits:
+            ready = kept.get(limit)
+            if ready is None:
+                ready = self.prepare(limit)
+                if len(kept) >= PREPARED_KEPT:
+                    kept.clear()  # many clients: start again rather than grow
+                kept[limit] = ready
+            prepared.append(ready)
         with self._lock:
             if now_f >= self._store.next_due:
                 self._store.sweep(now_f)
