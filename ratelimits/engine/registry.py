@@ -63,6 +63,11 @@ class Algorithm:
     #: Decided in each process by a limit learnt from latency (`adaptive.AdaptiveEngine`),
     #: never by a store: no Lua (`lua` is empty), no stored state, a `floor`.
     learned: bool = False
+    #: A charge taken back later is exact only while the units it charged could not have
+    #: been released meanwhile (`refund_within`): a later request may restart the
+    #: state (GCRA's arrival time) from its own, and a late refund would then free units
+    #: never charged. False: a refund is exact whenever it comes.
+    refund_horizon: bool = False
     #: What operators call it, when more than its name with spaces.
     called: str = ""
 
@@ -75,6 +80,13 @@ class Algorithm:
     def burst_word(self) -> str:
         """What its burst is called to an operator: "queue" or "burst"."""
         return "queue" if self.delays else "burst"
+
+    def refund_within(self, limit: Limit) -> float | None:
+        """Seconds after its charge during which a refund of `limit` is exact (what its
+        units take to be released); None: always (see `refund_horizon`)."""
+        if not self.refund_horizon:
+            return None
+        return limit.cost * limit.period / limit.limit
 
     def burst_of(self, limit: Limit) -> int:
         """The burst the algorithm computes with: the one set, else its default."""
@@ -118,7 +130,7 @@ REGISTRY: dict[str, Algorithm] = {
                   a.leaky_bucket_check, a.state_commit, a.tat_refund, has_burst=True,
                   default_burst=0, delays=True, reserves=True),
         Algorithm("gcra", "g", "gcra.lua", a.gcra_check, a.state_commit, a.tat_refund,
-                  has_burst=True, reserves=True, warms=True),
+                  has_burst=True, reserves=True, warms=True, refund_horizon=True),
         Algorithm("concurrency", "c", "concurrency.lua",
                   a.concurrency_check, a.concurrency_commit, a.concurrency_refund,
                   stores_members=True, holds_slots=True, replayable=False),

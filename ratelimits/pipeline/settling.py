@@ -110,14 +110,14 @@ def _taken(state: RequestState, response: Any
 
 
 def _returnable(item: Pending) -> bool:
-    """Whether the units of `item` can still be taken back exactly: a GCRA limit's only
-    while they could not have been released meanwhile (a later request may have
-    restarted its arrival time from its own)."""
+    """Whether the units of `item` can still be taken back exactly: for an algorithm
+    whose state a later request may restart (GCRA), only while they could not have been
+    released meanwhile (`Algorithm.refund_within`)."""
     limit = item.limit
-    if limit is None or limit.algorithm != "gcra":
+    if limit is None:
         return True
-    elapsed = runtime.clock().monotonic() - item.mono
-    return elapsed < limit.cost * limit.period / limit.limit
+    within = limit.spec.refund_within(limit)
+    return within is None or runtime.clock().monotonic() - item.mono < within
 
 
 def _engine(planned: Planned) -> Any:
