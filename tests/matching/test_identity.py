@@ -603,3 +603,40 @@ def test_identify_and_client_ip_never_raise(
                 request, trusted_proxies=trusted, ipv6_prefix=prefix, proxy_header=proxy_header
             )
             assert identity is None or len(identity) <= MAX_IDENTITY
+
+
+# --- the client read once per peer and header ---------------------------------------------
+
+
+def test_a_remembered_client_is_read_again_under_other_trusted_proxies() -> None:
+    meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "198.51.100.7"}
+    assert client_ip(meta, PROXIES) == "198.51.100.7"
+    assert client_ip(meta, PROXIES) == "198.51.100.7"  # remembered
+    # the proxy is no longer trusted: the peer is the client
+    assert client_ip(meta, parse_trusted_proxies(["192.0.2.0/24"])) == "10.0.0.2"
+    assert client_ip(meta, PROXIES) == "198.51.100.7"
+    assert client_ip(meta, PROXIES, ipv6_prefix=48) == "198.51.100.7"
+    assert client_ip(meta, PROXIES, proxy_header="x-real-ip") == "10.0.0.2"
+
+
+def test_a_long_or_odd_header_is_read_afresh_and_right() -> None:
+    hops = ", ".join(f"198.51.100.{n}" for n in range(60))  # longer than is remembered
+    meta = {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": hops}
+    assert client_ip(meta, PROXIES) == "198.51.100.59"
+    assert client_ip({**meta, "HTTP_X_FORWARDED_FOR": hops + ", 10.0.0.9"}, PROXIES) == (
+        "198.51.100.59")
+    assert client_ip({"REMOTE_ADDR": b"10.0.0.2"}, PROXIES) is None  # not text: no client
+    assert client_ip(meta, list(PROXIES)) == "198.51.100.59"  # proxies given as a list
+
+
+def test_the_other_header_warning_looks_at_each_request_of_a_remembered_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    meta = {"REMOTE_ADDR": "10.0.0.3", "HTTP_X_FORWARDED_FOR": "9.9.9.8"}
+    with caplog.at_level("WARNING", logger="ratelimits"):
+        assert client_ip(meta, PROXIES) == "9.9.9.8"
+        assert proxy_warnings(caplog) == []
+        # the same peer and header, remembered; this request also carries Forwarded
+        assert client_ip({**meta, "HTTP_FORWARDED": "for=198.51.100.1"}, PROXIES) == "9.9.9.8"
+    (message,) = proxy_warnings(caplog)
+    assert "10.0.0.3" in message and "Forwarded: for=198.51.100.1" in message
