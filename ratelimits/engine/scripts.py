@@ -13,7 +13,7 @@ from importlib import resources
 
 from ratelimits.engine.contract import (
     LEASE_ARGS,
-    LIMIT_ARGS,
+    LIMIT_SPEC,
     LUA_CONSTANTS,
     REFUND_ARGS,
     REFUND_HEAD,
@@ -36,8 +36,11 @@ __all__ = [
 def lua_constants() -> str:
     """The `local` declarations the script starts with, one per line."""
     lines = [f"local {name} = {value!r}" for name, value in LUA_CONSTANTS.items()]
-    # ARGV offsets of one limit's values within its block: ARG_LIMIT = 2 ...
-    lines += [f"local ARG_{name.upper()} = {i}" for i, name in enumerate(LIMIT_ARGS, 1)]
+    # offsets of one limit's values within its spec in a plan: SPEC_LIMIT = 2 ...
+    lines += [f"local SPEC_{name.upper()} = {i}" for i, name in enumerate(LIMIT_SPEC, 1)]
+    # the algorithms whose limits send the client's field with each call
+    windowed = ", ".join(f"{name} = true" for name, a in REGISTRY.items() if a.windowed)
+    lines.append(f"local WINDOWED = {{{windowed}}}")
     return "\n".join(lines)
 
 
@@ -65,17 +68,29 @@ def batch_library() -> tuple[str, str]:
     by side (a rolling deploy) each call their own."""
     name = "ratelimits_batch_" + hashlib.sha1(batch_source().encode()).hexdigest()[:16]
     lua = resources.files("ratelimits.engine") / "lua"
+    names = ", ".join(_GLOBALS)
     code = "\n".join(
         (
             f"#!lua name={name}",
+            # A function reads each global through the metatable Redis puts on its
+            # globals: the library reads the ones it uses once, into locals. Not while it
+            # loads: loading sees only the `redis` of register_function.
+            f"local function api() return {names} end",
+            "local loading = redis",
+            f"local {names}",
             *_charging_parts(),
             "local function batch(KEYS, ARGV)",
+            f"if not tonumber then {names} = api() end",
             (lua / "batch.lua").read_text("utf-8"),
             "end",
-            f"redis.register_function('{name}', batch)",
+            f"loading.register_function('{name}', batch)",
         )
     )
     return name, code
+
+
+#: The globals the charging scripts use (see `batch_library`).
+_GLOBALS = ("redis", "tonumber", "tostring", "math", "string", "unpack", "type", "error")
 
 
 def _bodies() -> dict[str, tuple[str, str, str]]:
@@ -93,6 +108,19 @@ def _bodies() -> dict[str, tuple[str, str, str]]:
     return out
 
 
+def _functions(name: str, params: str, bodies: dict[str, str]) -> str:
+    """`local <name> = {<algorithm> = function(<params>) <body> end, ...}`: a plan holds
+    each of its limits' functions (see lua/check_all.lua), so a call runs them without
+    comparing names."""
+    lines = [f"local {name} = {{"]
+    for algorithm, body in bodies.items():
+        lines.append(f"  {algorithm} = function({params})")
+        lines += [f"    {line}" if line else "" for line in body.strip("\n").split("\n")]
+        lines.append("  end,")
+    lines.append("}")
+    return "\n".join(lines)
+
+
 def _charging_parts() -> tuple[str, ...]:
     """What every charging script starts with: the generated constants, the prelude, the
     check and commit dispatchers, and the check of every limit of a call."""
@@ -102,10 +130,10 @@ def _charging_parts() -> tuple[str, ...]:
         "-- generated from ratelimits/engine/scripts.py",
         lua_constants(),
         (lua / "prelude.lua").read_text("utf-8"),
-        _dispatcher("check", "key, f, now, L, P, B, c, mw, cal",
-                    {name: b[0] for name, b in bodies.items()}),
-        _dispatcher("commit", "key, f, now, L, P, B, c, r, token",
-                    {name: b[1] for name, b in bodies.items()}),
+        _functions("CHECK", "key, f, now, L, P, B, c, mw, cal",
+                   {name: b[0] for name, b in bodies.items()}),
+        _functions("COMMIT", "key, f, now, L, P, B, c, r, token",
+                   {name: b[1] for name, b in bodies.items()}),
         (lua / "check_all.lua").read_text("utf-8"),
     )
 

@@ -2,14 +2,15 @@
 -- checks every limit and charges them only if every enforced one admits, but it touches
 -- only its declared keys (and their window keys, under the same hash tag): no version, no
 -- counters, no offenders (the engine tallies those in process). ARGV as for batch.lua
--- (the version key and stats prefix are ignored).
+-- (the plan's version key and counters' prefix are ignored).
 -- Returns {admitted, now_us, then per limit: allowed, remaining, reset_after,
 -- retry_after, delay, outcome, s1, s2}: s1 and s2 are what the charge wrote ('' when
 -- nothing), handed back to refund.lua should another slot of the request refuse.
-local now = decision_now(ARGV)
-local token = ARGV[2]
+local plan = plan_of(ARGV[1])
+local now = decision_now(ARGV, plan)
+local token = plan.token_at and ARGV[plan.token_at] or ''
 local n = #KEYS
-local checks, admitted, figures = check_all(KEYS, ARGV, now)
+local checks, admitted = check_all(KEYS, ARGV, now, plan)
 local function text(x)
   if x == nil then return '' end
   if type(x) == 'number' then return fmt(x) end
@@ -18,7 +19,7 @@ end
 local out = {admitted, now}
 for i = 1, n do
   local r = checks[i]
-  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token, figures[i])
+  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token, plan[i])
   local s1, s2 = '', ''
   if wrote then s1, s2 = text(r[6]), text(r[7]) end
   local j = #out
