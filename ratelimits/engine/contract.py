@@ -28,8 +28,8 @@ from ratelimits.engine.types import REFUND, RESERVE, Decision, Limit, Outcome, R
 US = constants.US
 
 #: A batch call's ARGV opens with its plan: one string holding all that repeats from one
-#: call of the same policies to the next (`plan_of` in lua/check_all.lua parses it once
-#: and keeps it; receiving an argument costs Redis about as much as a GET, so the
+#: call of the same policies to the next (`begin` in lua/check_all.lua parses it once
+#: and keeps it; receiving an argument costs Redis about a third of a GET, so the
 #: call sends one where it sent a value per field). After the plan come only the values
 #: of this call, each present only when needed, in this order: its time (µs; absent: the
 #: server's TIME), its token (when a limit stores named members), and, per window limit
@@ -51,9 +51,12 @@ PLANS_KEPT = 1_000
 #: After the limits, each count the process tallied alone (`tally`) rides in this order:
 #: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
 CARRY_ARGS = ("kind", "name", "at", "what", "n")
-#: The reply's head, then per limit these values.
+#: The reply's head, then per limit these values. A limit that refuses has no delay and
+#: one that admits no retry: `wait` is its retry_after when it refused, else its delay
+#: (µs). Whether it admitted is its outcome's (`PASSED`), and every element a reply
+#: carries costs Redis about a fifth of a GET.
 REPLY_HEAD = ("version", "admitted", "now_us")
-RESULT_FIELDS = ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
+RESULT_FIELDS = ("remaining", "reset_after", "wait", "outcome")
 
 #: A lease call's `want` for a key whose client is reset instead (see lua/lease.lua).
 LEASE_RESET = -1
@@ -79,10 +82,10 @@ LUA_CONSTANTS: dict[str, int | float | str] = {
 
 _NO_WINDOW = (0, 0, 0)
 
-_ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
-    RESULT_FIELDS.index(f)
-    for f in ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
-)
+_REMAINING, _RESET, _WAIT, _OUTCOME = (
+    RESULT_FIELDS.index(f) for f in ("remaining", "reset_after", "wait", "outcome"))
+#: The outcomes of a limit that admitted the request (charged or not).
+PASSED = frozenset({Outcome.ADMITTED, Outcome.SPARED})
 FIELDS = len(RESULT_FIELDS)
 _HEAD = len(REPLY_HEAD)
 OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
@@ -219,22 +222,23 @@ def assemble(
     now_us: int | None = None,
 ) -> Decision:
     """`raw` holds, from `start`, per limit, the `RESULT_FIELDS` (times in µs; the
-    outcome is its counter field: a, r, w or o); `now_us`: the time the store decided
-    at. Both backends end here."""
+    outcome is its counter field: a, r, w or o; see `result_values`); `now_us`: the time
+    the store decided at. Both backends end here."""
     results = []
     retry_us = 0
     delay = 0.0
     holds = reserved = False
     o = start
     for limit in limits:
-        allowed = raw[o + _ALLOWED] == 1
         outcome = _OUTCOME_OF[raw[o + _OUTCOME]]
+        wait = raw[o + _WAIT]
+        allowed = outcome in PASSED
         result = Result(limit, allowed, max(0, int(raw[o + _REMAINING])), raw[o + _RESET] / US,
-                        raw[o + _RETRY] / US, raw[o + _DELAY] / US, outcome)
+                        0.0 if allowed else wait / US, wait / US if allowed else 0.0, outcome)
         results.append(result)
         if not limit.shadow:
             if not allowed:
-                retry_us = max(retry_us, int(raw[o + _RETRY]))
+                retry_us = max(retry_us, int(wait))
             elif admitted:
                 delay = max(delay, result.delay)
         if outcome is Outcome.ADMITTED:
@@ -266,8 +270,8 @@ def note_taken(limits: Sequence[Limit], token: str | None, exc: EngineError) -> 
 def result_values(allowed: int, remaining: float, reset_after: float, retry_after: float,
                   delay: float, outcome: str) -> tuple[Any, ...]:
     """One limit's values laid out as `RESULT_FIELDS`, for `assemble()` (times in µs; the
-    outcome is its counter field)."""
-    return allowed, remaining, reset_after, retry_after, delay, outcome
+    outcome is its counter field: a or o when `allowed`, else r or w)."""
+    return remaining, reset_after, delay if allowed else retry_after, outcome
 
 
 def spare(raw: list[Any], i: int, cost: int) -> None:

@@ -1,10 +1,10 @@
--- What batch.lua and slot.lua share, after the check and commit dispatchers: the time,
--- the check of every limit, and the charge of each.
+-- What batch.lua and slot.lua share, after the check and commit functions: the plan and
+-- the time, the check of every limit, and the charge of each.
 
--- The plans of recent calls, parsed. A library loaded by FUNCTION LOAD keeps this table
--- from one call to the next, so a plan is parsed once and a call costs a table lookup
--- (the plan, a string argument, arrives interned: its lookup hashes nothing more); run by
--- EVALSHA, the script builds it anew, and parses the plan of each call.
+-- The plans of recent calls, parsed (see begin). A library loaded by FUNCTION LOAD keeps
+-- this table from one call to the next, so a plan is parsed once and a call costs a table
+-- lookup (the plan, a string argument, arrives interned: its lookup hashes nothing more);
+-- run by EVALSHA, the script builds it anew, and parses the plan of each call.
 local plans, planned = {}, 0
 
 -- A text of the plan written as its length, ':' and itself, at `at`: the text and where
@@ -52,21 +52,27 @@ local function parse_plan(s)
   return p
 end
 
-local function plan_of(s)
-  local p = plans[s]
-  if not p then
-    p = parse_plan(s)
+-- The call's plan, its time (µs: its own, or the server's clock when it sends none) and
+-- its token ('' when it sends none): what batch.lua and slot.lua start with, in one
+-- function, as each call of a Lua function costs about a tenth of a GET.
+local function begin(argv)
+  local s = argv[1]
+  local plan = plans[s]
+  if not plan then
+    plan = parse_plan(s)
     if planned >= PLANS_KEPT then plans, planned = {}, 0 end
-    plans[s], planned = p, planned + 1
+    plans[s], planned = plan, planned + 1
   end
-  return p
-end
-
--- The time to decide at, in µs: the call's own, or the server's clock when it sends none.
-local function decision_now(argv, plan)
-  if plan.now_at then return tonumber(argv[plan.now_at]) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * US + tonumber(t[2])
+  local now, at = nil, plan.now_at
+  if at then
+    now = tonumber(argv[at])
+  else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * US + tonumber(t[2])
+  end
+  at = plan.token_at
+  if at then return plan, now, argv[at] end
+  return plan, now, ''
 end
 
 -- A calendar window's limit: the window, of the two its call carries, that holds `now`
@@ -76,13 +82,6 @@ local function window_of(spec, now)
   if not edge then return nil end
   if now >= edge then return spec.after end
   return spec.before
-end
-
--- The client's field of limit `spec` in its shard's hashes ('' for a key of its own).
-local function field_of(argv, spec)
-  local at = spec.field_at
-  if at then return argv[at] end
-  return ''
 end
 
 -- A client a lockout holds (its lock, at <key>:x<field>, says until when, in µs): refused
@@ -113,8 +112,8 @@ local function check_all(keys, argv, now, plan)
     if s.refund then
       r = {1, 0, 0, 0, 0}  -- a reservation taken back is not checked, and refuses nothing
     else
-      -- field_of() and window_of(), written out: a call of a Lua function costs more
-      -- than either's work
+      -- the client's field in its shard's hashes ('' for a key of its own), and
+      -- window_of() written out: a call of a Lua function costs more than its work
       local f, cal, at, edge = '', nil, s.field_at, s.edge
       if at then f = argv[at] end
       if edge then
@@ -166,13 +165,14 @@ end
 -- the call; or a reservation taken back), w (a shadow limit's would-be refusal) or r
 -- (refused: its lockout, if it has one, starts).
 local function charge(keys, argv, i, now, r, admitted, token, s)
-  local c = s.c
+  local c, f, at = s.c, '', s.field_at
+  if at then f = argv[at] end  -- the client's field, as check_all reads it
   if s.refund then
-    unreserve(keys[i], field_of(argv, s), now, s)
+    unreserve(keys[i], f, now, s)
     return 'o', false
   end
   if r[1] == 1 and admitted == 1 then
-    s.commit(keys[i], field_of(argv, s), now, s.L, s.P, s.B, c, r, token)
+    s.commit(keys[i], f, now, s.L, s.P, s.B, c, r, token)
     if r.wn then warm_commit(keys[i], r) end
     return 'a', true
   elseif r[1] == 1 then
@@ -183,7 +183,7 @@ local function charge(keys, argv, i, now, r, admitted, token, s)
   end
   local lockout = s.lockout
   if lockout > 0 and not r.locked then
-    redis.call('SET', keys[i] .. ':x' .. field_of(argv, s), num_arg(now + lockout), 'PX',
+    redis.call('SET', keys[i] .. ':x' .. f, num_arg(now + lockout), 'PX',
       ttl_ms(lockout))
     r[3], r[4] = math.max(r[3], lockout), math.max(r[4], lockout)
   end
