@@ -72,12 +72,14 @@ LUA_CONSTANTS: dict[str, int | float | str] = {
     "OFFENDERS": constants.OFFENDERS_CAP,
     "CONCURRENCY_RETRY": constants.CONCURRENCY_RETRY_US,
     "SPEC": len(LIMIT_SPEC),
+    # one limit's spec in a plan, each value captured
+    "SPEC_PATTERN": "^" + "|([^|]*)" * len(LIMIT_SPEC),
     "PLANS_KEPT": PLANS_KEPT,
     "CARRY": len(CARRY_ARGS),
     "LEASE_US": to_us(LEASE_SECONDS),
     "LEASE_RESET": LEASE_RESET,
-    # `Limit.stage` as a plan carries it
-    "STAGE_REFUND": REFUND,
+    # `Limit.stage` as a plan carries it (text)
+    "STAGE_REFUND": str(REFUND),
 }
 
 _NO_WINDOW = (0, 0, 0)

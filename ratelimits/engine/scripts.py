@@ -36,8 +36,9 @@ __all__ = [
 def lua_constants() -> str:
     """The `local` declarations the script starts with, one per line."""
     lines = [f"local {name} = {value!r}" for name, value in LUA_CONSTANTS.items()]
-    # offsets of one limit's values within its spec in a plan: SPEC_LIMIT = 2 ...
-    lines += [f"local SPEC_{name.upper()} = {i}" for i, name in enumerate(LIMIT_SPEC, 1)]
+    # where each of a limit's values is among what string.find answers for its spec in
+    # a plan with SPEC_PATTERN: the spec's start and end, then its values (SPEC_LIMIT = 4)
+    lines += [f"local SPEC_{name.upper()} = {i}" for i, name in enumerate(LIMIT_SPEC, 3)]
     # the algorithms whose limits send the client's field with each call
     windowed = ", ".join(f"{name} = true" for name, a in REGISTRY.items() if a.windowed)
     lines.append(f"local WINDOWED = {{{windowed}}}")
@@ -108,32 +109,34 @@ def _bodies() -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def _functions(name: str, params: str, bodies: dict[str, str]) -> str:
-    """`local <name> = {<algorithm> = function(<params>) <body> end, ...}`: a plan holds
-    each of its limits' functions (see lua/check_all.lua), so a call runs them without
-    comparing names."""
-    lines = [f"local {name} = {{"]
-    for algorithm, body in bodies.items():
-        lines.append(f"  {algorithm} = function({params})")
-        lines += [f"    {line}" if line else "" for line in body.strip("\n").split("\n")]
-        lines.append("  end,")
-    lines.append("}")
+def _functions_of(checks: dict[str, str], commits: dict[str, str]) -> str:
+    """`functions_of(algorithm)`: a new check and commit function of `algorithm`. A plan
+    holds its limits' (see lua/check_all.lua), made when it is parsed: once per plan in
+    the library, and by EVALSHA only for the algorithms the call names."""
+    lines = ["local function functions_of(algorithm)"]
+    for i, (algorithm, check) in enumerate(checks.items()):
+        lines.append(f"  {'if' if i == 0 else 'elseif'} algorithm == '{algorithm}' then")
+        lines.append("    return function(key, f, now, L, P, B, c, mw, cal)")
+        lines += [f"      {line}" if line else "" for line in check.strip("\n").split("\n")]
+        lines.append("    end, function(key, f, now, L, P, B, c, r, token)")
+        lines += [f"      {line}" if line else ""
+                  for line in commits[algorithm].strip("\n").split("\n")]
+        lines.append("    end")
+    lines += ["  end", "  error('unknown algorithm ' .. tostring(algorithm))", "end"]
     return "\n".join(lines)
 
 
 def _charging_parts() -> tuple[str, ...]:
     """What every charging script starts with: the generated constants, the prelude, the
-    check and commit dispatchers, and the check of every limit of a call."""
+    algorithms' check and commit functions, and the check of every limit of a call."""
     lua = resources.files("ratelimits.engine") / "lua"
     bodies = _bodies()
     return (
         "-- generated from ratelimits/engine/scripts.py",
         lua_constants(),
         (lua / "prelude.lua").read_text("utf-8"),
-        _functions("CHECK", "key, f, now, L, P, B, c, mw, cal",
-                   {name: b[0] for name, b in bodies.items()}),
-        _functions("COMMIT", "key, f, now, L, P, B, c, r, token",
-                   {name: b[1] for name, b in bodies.items()}),
+        _functions_of({name: b[0] for name, b in bodies.items()},
+                      {name: b[1] for name, b in bodies.items()}),
         (lua / "check_all.lua").read_text("utf-8"),
     )
 

@@ -1,4 +1,4 @@
--- What batch.lua and slot.lua share, after the check and commit functions: the plan and
+-- What batch.lua and slot.lua share, after the algorithms' functions: the plan and
 -- the time, the check of every limit, and the charge of each.
 
 -- The plans of recent calls, parsed (see begin). A library loaded by FUNCTION LOAD keeps
@@ -15,13 +15,21 @@ local function text_at(s, at)
   return string.sub(s, colon + 1, stop), stop + 1
 end
 
+-- A figure of a plan: most are 0 (no warm-up, wait, lockout, calendar), taken without
+-- parsing, as parsing a number is among the dearest steps of a call run by EVALSHA, which
+-- parses its plan each time.
+local function figure(x)
+  if x == '0' then return 0 end
+  return tonumber(x)
+end
+
 -- The plan `s` (see contract.py) as a table: version_key, stats, now_at and token_at (the
 -- ARGV index of the call's time and token, nil when the call sends none), carry_at (where
--- the carried counts start) and per limit i a spec: alg, L, P, B, c, W (warm-up), mw
--- (max wait), lockout (µs), shadow and refund (booleans), field_at (the ARGV index of the
--- client's field, window algorithms only) and, for a calendar window, edge (the boundary
--- between the two windows the call carries), before and after (each a window {start,
--- end}).
+-- the carried counts start) and per limit i a spec: alg, its check and commit functions,
+-- L, P, B, c, W (warm-up), mw (max wait), lockout (µs), shadow and refund (booleans),
+-- field_at (the ARGV index of the client's field, window algorithms only) and, for a
+-- calendar window, edge (the boundary between the two windows the call carries), before
+-- and after (each a window {start, end}).
 local function parse_plan(s)
   local p, o = {}, 2
   if string.sub(s, 1, 1) == '1' then p.now_at, o = o, o + 1 end
@@ -29,23 +37,25 @@ local function parse_plan(s)
   local at
   p.version_key, at = text_at(s, 3)
   p.stats, at = text_at(s, at)
-  local v = {}
-  for x in string.gmatch(string.sub(s, at), '[^|]+') do v[#v + 1] = x end
-  for i = 1, #v / SPEC do
-    local b = (i - 1) * SPEC
-    local function num(k) return tonumber(v[b + k]) end
-    local alg = v[b + SPEC_ALGORITHM]
-    if not CHECK[alg] then error('unknown algorithm ' .. tostring(alg)) end
-    local spec = {alg = alg, check = CHECK[alg], commit = COMMIT[alg], L = num(SPEC_LIMIT), P = num(SPEC_PERIOD_US), B = num(SPEC_BURST),
-      c = num(SPEC_COST), W = num(SPEC_WARMUP_US), mw = num(SPEC_WAIT_US),
-      lockout = num(SPEC_LOCKOUT_US), shadow = num(SPEC_SHADOW) == 1,
-      refund = num(SPEC_STAGE) == STAGE_REFUND}
-    if WINDOWED[alg] then spec.field_at, o = o, o + 1 end
-    local edge = num(SPEC_CAL1)
+  local i = 0
+  while at <= #s do
+    -- v: where the spec starts and ends, then its values (at the offsets SPEC_*)
+    local v = {string.find(s, SPEC_PATTERN, at)}
+    local alg, field_at = v[SPEC_ALGORITHM], nil
+    local check, commit = functions_of(alg)
+    if WINDOWED[alg] then field_at, o = o, o + 1 end
+    local spec = {alg = alg, check = check, commit = commit, field_at = field_at,
+      L = tonumber(v[SPEC_LIMIT]), P = tonumber(v[SPEC_PERIOD_US]),
+      B = figure(v[SPEC_BURST]), c = figure(v[SPEC_COST]),
+      W = figure(v[SPEC_WARMUP_US]), mw = figure(v[SPEC_WAIT_US]),
+      lockout = figure(v[SPEC_LOCKOUT_US]), shadow = v[SPEC_SHADOW] == '1',
+      refund = v[SPEC_STAGE] == STAGE_REFUND}
+    local edge = figure(v[SPEC_CAL1])
     if edge ~= 0 then
       spec.edge, spec.before, spec.after =
-        edge, {num(SPEC_CAL0), edge}, {edge, num(SPEC_CAL2)}
+        edge, {tonumber(v[SPEC_CAL0]), edge}, {edge, tonumber(v[SPEC_CAL2])}
     end
+    i, at = i + 1, v[2] + 1
     p[i] = spec
   end
   p.carry_at = o

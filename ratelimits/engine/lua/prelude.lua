@@ -2,8 +2,8 @@
 -- a double, exactly as the Python backend computes it, so both reach the same decisions.
 --
 -- Each algorithm file holds two bodies, after the markers --[[check]] and --[[commit]].
--- The loader (scripts.batch_source) makes each a function of the tables CHECK and COMMIT
--- by algorithm, and a call's plan holds its limits' (check_all.lua).
+-- The loader (scripts.batch_source) makes them the functions functions_of(algorithm)
+-- returns, and a call's plan holds its limits' (check_all.lua).
 -- check(key, f, now, L, P, B, c, mw, cal) returns {allowed, remaining, reset_after,
 -- retry_after, delay, state...} and never writes (pruning expired entries aside);
 -- commit(key, f, now, L, P, B, c, r, token) writes, only when the whole request is
