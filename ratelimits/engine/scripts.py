@@ -1,8 +1,9 @@
 """The Lua scripts as Redis runs them, built from the files in `lua/` and the contract.
 
-Each script starts with the constants and argument offsets generated from
+Each script starts with the constants and the plan's layout generated from
 `ratelimits.engine.contract` (`lua_constants()`), then the shared prelude; the charging
-scripts add one check and one commit dispatcher with a branch per registered algorithm.
+scripts add `functions_of(algorithm)`, a branch per registered algorithm giving its check
+and commit functions.
 """
 
 from __future__ import annotations
@@ -56,17 +57,17 @@ def _dispatcher(name: str, params: str, bodies: dict[str, str]) -> str:
 
 @lru_cache(maxsize=1)
 def batch_source() -> str:
-    """The batch script: the generated constants, the prelude, the check and commit
-    dispatchers (one branch per registered algorithm), the entry point."""
+    """The batch script: the generated constants, the prelude, the algorithms' check and
+    commit functions (`functions_of`), the entry point."""
     return _charging_source("batch.lua")
 
 
 @lru_cache(maxsize=1)
 def batch_library() -> tuple[str, str]:
     """(function name, library code): the batch script as a Redis Functions library, its
-    helpers and dispatchers defined once at `FUNCTION LOAD` instead of on every call. The
-    name carries a digest of the code, so processes running two versions of the app side
-    by side (a rolling deploy) each call their own."""
+    helpers defined once at `FUNCTION LOAD` and its plans parsed once, instead of on every
+    call. The name carries a digest of the code, so processes running two versions of the
+    app side by side (a rolling deploy) each call their own."""
     name = "ratelimits_batch_" + hashlib.sha1(batch_source().encode()).hexdigest()[:16]
     lua = resources.files("ratelimits.engine") / "lua"
     names = ", ".join(_GLOBALS)
