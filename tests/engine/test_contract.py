@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ratelimits.engine import Limit, RedisEngine, constants, contract, scripts
+from ratelimits.engine import Limit, MemoryEngine, RedisEngine, constants, contract, scripts
 from ratelimits.engine.contract import LIMIT_SPEC, LUA_CONSTANTS, PLAN_FLAGS, encode
 from ratelimits.engine.keynames import base_key, cell, client_key
 from ratelimits.engine.types import RESERVE
@@ -177,3 +177,24 @@ def test_key_names_of_any_text_reach_the_script(redis_client):
     assert {d.version for d in decisions} == {version}
     assert redis_client.get("v|:é") == str(version).encode()
     assert all(k.decode().startswith("r|1:é") for k in redis_client.keys("r|1:*"))
+
+
+def test_plans_past_those_the_library_keeps_are_parsed_again(redis_client, monkeypatch):
+    """The library keeps PLANS_KEPT parsed plans, then starts afresh: a plan it dropped
+    is parsed again, and every call decides as the in-process engine does."""
+    monkeypatch.setitem(contract.LUA_CONSTANTS, "PLANS_KEPT", 2)
+    scripts.batch_source.cache_clear()
+    scripts.batch_library.cache_clear()
+    try:
+        engine, twin = RedisEngine(redis_client), MemoryEngine()
+        policies = [[Limit("10.0.0.1", "fixed_window", 3 + i, 60, name=f"p{i}"),
+                     Limit("10.0.0.1", "gcra", 2 + i, 60, name=f"q{i}", shadow=i == 1)]
+                    for i in range(5)]
+        for step in range(4):
+            for limits in policies:
+                at = T0 + step
+                got, want = engine.evaluate(limits, now=at), twin.evaluate(limits, now=at)
+                assert got.results == want.results, (step, limits[0].name)
+    finally:
+        scripts.batch_source.cache_clear()
+        scripts.batch_library.cache_clear()
