@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/capacity.py [--quick]
 
-redis-benchmark sends `EVALSHA <sha> <numkeys> <keys> <args>` of our real batch script,
-exactly as RedisEngine does (server time: now_us is an empty argument, which
-redis-benchmark passes through as a zero-length bulk string), and of bench/gcra_min.lua,
-the least a GCRA decision can cost. `-r 100000` spreads the clients over 100,000 keys.
+redis-benchmark sends `FCALL <name> <numkeys> <keys> <args>` of our real batch function
+(or `EVALSHA <sha> ...` of the same script), exactly as RedisEngine does (server time:
+the call sends no time of its own), and of bench/gcra_min.lua, the least a GCRA decision
+can cost. `-r 100000` spreads the clients over 100,000 keys.
 Each run is checked afterwards: the server's own count of calls must equal the number of
 requests sent with none failed, so an error reply can never pass for a decision.
 """
@@ -33,8 +33,8 @@ LIMIT = 1_000  # per minute per client: random clients stay far below it, every 
 
 def _ours_args(call: list[str], algorithms: list[str], version: bool) -> list[str]:
     """`call` (FCALL <name> or EVALSHA <sha>) with the arguments RedisEngine sends
-    (`contract.encode`), redis-benchmark's random client in each key's hash tag; now_us
-    stays empty (server time). The counters are tallied in process, so no call here
+    (`contract.encode`), redis-benchmark's random client in each key's hash tag; no time
+    of its own (server time). The counters are tallied in process, so no call here
     carries any (a busy process carries them about twice a second)."""
     from ratelimits.engine import Limit
     from ratelimits.engine.contract import encode
@@ -141,14 +141,14 @@ def _measure(section: Section, server: Any, rounds: int, requests: int) -> Secti
         "section's own; median "
         f"of {rounds} interleaved runs per row. Our rows send the real batch function (the "
         "library `RedisEngine` loads) or the same script by EVALSHA, with the arguments "
-        "`RedisEngine` sends, built by the same `contract.encode` (now_us empty = server "
-        f"`TIME`); {LIMIT:,} per minute per client, so every decision admits and writes. "
+        "`RedisEngine` sends, built by the same `contract.encode` (no time of the call's "
+        f"own: the server's `TIME`); {LIMIT:,} per minute per client, so every decision "
+        "admits and writes. "
         "The per-minute counters are tallied in each process and carried by one call about "
         "twice a second (one HINCRBY per policy and outcome), so no call here carries any. "
-        "Client: redis-benchmark (it passes the empty now_us argument as a zero-length bulk "
-        "string). Both redis-server and redis-benchmark are single-threaded, one core each "
-        "of the two. After each run the server's own count of calls must equal the requests "
-        "sent, none failed."
+        "Client: redis-benchmark. Both redis-server and redis-benchmark are single-threaded, "
+        "one core each of the two. After each run the server's own count of calls must "
+        "equal the requests sent, none failed."
     )
     section.add(table(["call", "decisions/s", "±", "vs minimal GCRA",
                        "server µs per call (INFO commandstats)", "µs vs minimal GCRA"], rows))

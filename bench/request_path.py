@@ -133,7 +133,7 @@ def _child(quick: bool) -> None:
     perform = store.perform
     version = resolver.snapshot().version
     # what the batch function answers for one admitting limit (see contract.decode)
-    canned_reply = [version, 1, 0, 1, 10**9 - 1, 60_000_000, 0, 0, b"a"]
+    canned_reply = [version, 1, 0, 10**9 - 1, 60_000_000, 0, b"a"]
 
     ping_client = redis.Redis(host=common.REDIS_HOST, port=port, db=common.PEERS_DB)
     storage = RedisStorage(common.PEERS_URL)

@@ -27,7 +27,6 @@ from ratelimits.engine.cluster_fanout import OnClient, SlotCall, SlotFanout, win
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import (
     FIELDS,
-    HEAD_ARGS,
     SlotReply,
     assemble,
     decode_lease,
@@ -68,7 +67,6 @@ __all__ = ["ClusterEngine"]
 
 T = TypeVar("T")
 
-_TOKEN = HEAD_ARGS.index("token")
 #: The fan-out's ids of the calls that route by their key: the version GET, the heartbeat.
 _VERSION, _LIVE = -1, -2
 
@@ -145,8 +143,9 @@ class ClusterEngine(Acquiring):
         calls: dict[int, SlotCall] = {}
         for slot, indexes in groups.items():
             mine = [limits[i] for i in indexes]
-            keys, args, _ = encode(mine, prefix=self.prefix, now=now, stats=False)
-            args[_TOKEN] = token  # one token for the whole request: release() names it
+            # one token for the whole request: release() names it
+            keys, args, _ = encode(mine, prefix=self.prefix, now=now, stats=False,
+                                   token=token or None)
             calls[slot] = SlotCall(self._slot, keys, args, window_keys(self.prefix, mine, now))
         if self.version_key:
             calls[_VERSION] = SlotCall(None, [self.version_key], [])

@@ -27,23 +27,36 @@ from ratelimits.engine.types import REFUND, RESERVE, Decision, Limit, Outcome, R
 
 US = constants.US
 
-#: ARGV before the limits: the explicit time ('' = the server's TIME), the request's
-#: token ('' = none needed), the policy-version key ('' = none), the counters' prefix
-#: ('' = no counters).
-HEAD_ARGS = ("now_us", "token", "version_key", "stats_prefix")
-#: ARGV per limit, in this order; KEYS holds one base key per limit (`keynames.base_key`),
-#: and `field` names the client in it for a window algorithm ('' otherwise). `stage` is
-#: the limit's `Limit.stage`; a calendar window's limit carries the window holding the
-#: caller's time and the next one as three boundaries (`calendar.bounds`; 0 otherwise),
-#: and the script takes the one holding its own.
-LIMIT_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
-              "wait_us", "field", "lockout_us", "stage", "cal0", "cal1", "cal2")
+#: A batch call's ARGV opens with its plan: one string holding all that repeats from one
+#: call of the same policies to the next (`begin` in lua/check_all.lua parses it once
+#: and keeps it; receiving an argument costs Redis about a third of a GET, so the
+#: call sends one where it sent a value per field). After the plan come only the values
+#: of this call, each present only when needed, in this order: its time (µs; absent: the
+#: server's TIME), its token (when a limit stores named members), and, per window limit
+#: in the limits' order, the client's field in its shard's hashes (`keynames.cell`).
+#: KEYS holds one base key per limit (`keynames.base_key`).
+#:
+#: The plan: "1" or "0" for each of `PLAN_FLAGS`; the version key and the counters'
+#: prefix ('' = none), each written as its length, ":" and itself; then per limit "|"
+#: and its `LIMIT_SPEC` values joined by "|". `stage` is the limit's `Limit.stage`; a
+#: calendar window's limit carries the window holding the caller's time and the next
+#: one as three boundaries (`calendar.bounds`; 0 otherwise), and the script takes the
+#: one holding its own.
+PLAN_FLAGS = ("has_now", "has_token")
+LIMIT_SPEC = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
+              "wait_us", "lockout_us", "stage", "cal0", "cal1", "cal2")
+#: The plans a script keeps parsed before it starts afresh (a plan per set of policies a
+#: request meets, and per calendar window: few).
+PLANS_KEPT = 1_000
 #: After the limits, each count the process tallied alone (`tally`) rides in this order:
 #: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
 CARRY_ARGS = ("kind", "name", "at", "what", "n")
-#: The reply's head, then per limit these values.
+#: The reply's head, then per limit these values. A limit that refuses has no delay and
+#: one that admits no retry: `wait` is its retry_after when it refused, else its delay
+#: (µs). Whether it admitted is its outcome's (`PASSED`), and every element a reply
+#: carries costs Redis about a fifth of a GET.
 REPLY_HEAD = ("version", "admitted", "now_us")
-RESULT_FIELDS = ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
+RESULT_FIELDS = ("remaining", "reset_after", "wait", "outcome")
 
 #: A lease call's `want` for a key whose client is reset instead (see lua/lease.lua).
 LEASE_RESET = -1
@@ -58,21 +71,23 @@ LUA_CONSTANTS: dict[str, int | float | str] = {
     "OFFENDERS_TTL": constants.OFFENDERS_TTL,
     "OFFENDERS": constants.OFFENDERS_CAP,
     "CONCURRENCY_RETRY": constants.CONCURRENCY_RETRY_US,
-    "HEAD": len(HEAD_ARGS),
-    "PER_LIMIT": len(LIMIT_ARGS),
+    "SPEC": len(LIMIT_SPEC),
+    # one limit's spec in a plan, each value captured
+    "SPEC_PATTERN": "^" + "|([^|]*)" * len(LIMIT_SPEC),
+    "PLANS_KEPT": PLANS_KEPT,
     "CARRY": len(CARRY_ARGS),
     "LEASE_US": to_us(LEASE_SECONDS),
     "LEASE_RESET": LEASE_RESET,
-    # `Limit.stage` as ARGV carries it (a string)
+    # `Limit.stage` as a plan carries it (text)
     "STAGE_REFUND": str(REFUND),
 }
 
 _NO_WINDOW = (0, 0, 0)
 
-_ALLOWED, _REMAINING, _RESET, _RETRY, _DELAY, _OUTCOME = (
-    RESULT_FIELDS.index(f)
-    for f in ("allowed", "remaining", "reset_after", "retry_after", "delay", "outcome")
-)
+_REMAINING, _RESET, _WAIT, _OUTCOME = (
+    RESULT_FIELDS.index(f) for f in ("remaining", "reset_after", "wait", "outcome"))
+#: The outcomes of a limit that admitted the request (charged or not).
+PASSED = frozenset({Outcome.ADMITTED, Outcome.SPARED})
 FIELDS = len(RESULT_FIELDS)
 _HEAD = len(REPLY_HEAD)
 OUTCOMES: dict[str, Outcome] = {o.value: o for o in Outcome}
@@ -102,46 +117,88 @@ def encode(
     now: float | None = None,
     version_key: str | None = None,
     stats: bool = True,
+    token: str | None = None,
 ) -> tuple[list[str], list[Any], str | None]:
-    """KEYS and ARGV of one batch call, and the token drawn for it (None when no limit
-    stores named members)."""
-    args: list[Any] = [
-        "" if now is None else to_us(now),
-        "",
-        version_key or "",
-        f"{prefix}s:" if stats else "",
-    ]
-    token = None
-    keys = []
+    """KEYS and ARGV of one batch call, and its token (None when no limit stores named
+    members): `token` when given (Redis Cluster: one for all the slots of a request),
+    else a new one."""
+    keys: list[str] = []
+    fields: list[str] = []
+    specs = []
+    members = False
     clock = None
     for limit in limits:
-        spec = REGISTRY[limit.algorithm]
-        if spec.learned:
-            raise ValueError(LEARNED_ONLY)
         key, field = cell(prefix, limit)
         keys.append(key)
-        if token is None and spec.stores_members:
-            token = args[1] = new_token()
-        args += (
-            limit.algorithm,
-            limit.limit,
-            period_us(limit),
-            spec.burst_of(limit),
-            limit.cost,
-            1 if limit.shadow else 0,
-            to_us(limit.warmup),
-            to_us(limit.max_wait),
-            field,
-            to_us(limit.lockout),
-            limit.stage,
-        )
+        if field:
+            fields.append(field)
+        known = _SPECS.get((limit.algorithm, limit.limit, limit.period, limit.burst, limit.cost,
+                            limit.shadow, limit.warmup, limit.max_wait, limit.lockout,
+                            limit.stage, limit.calendar))
+        if known is None:
+            known = _spec(limit)
+        text, stores = known
         if limit.calendar:
             if clock is None:
                 clock = to_us(time.time() if now is None else now)
-            args += bounds(limit.calendar, limit.zone, clock)
-        else:
-            args += _NO_WINDOW
+            cal0, cal1, cal2 = bounds(limit.calendar, limit.zone, clock)
+            text = f"{text}|{cal0}|{cal1}|{cal2}"
+        specs.append(text)
+        members = members or stores
+    head = _HEADS.get((now is None, members, version_key, prefix, stats))
+    if head is None:
+        head = _head(now is None, members, version_key, prefix, stats)
+    args: list[Any] = [head + specs[0] if len(specs) == 1 else head + "".join(specs)]
+    if now is not None:
+        args.append(to_us(now))
+    if members:
+        token = token or new_token()
+        args.append(token)
+    else:
+        token = None
+    if fields:
+        args += fields
     return keys, args, token
+
+
+#: Each limit's `LIMIT_SPEC` text (with its "|" before), and whether it stores named
+#: members, by the fields they come from: encoding a call looks its limits up instead of
+#: converting each figure again. A calendar limit's text lacks its boundaries (per call).
+_SPECS: dict[tuple[Any, ...], tuple[str, bool]] = {}
+#: The plans' heads, by (no time given, a token sent, version key, prefix, counters).
+_HEADS: dict[tuple[Any, ...], str] = {}
+#: Past this many, the caches start afresh (a site has few policies; overrides and
+#: rollouts add a few variants each).
+_CACHED = 4_096
+
+
+def _spec(limit: Limit) -> tuple[str, bool]:
+    spec = REGISTRY[limit.algorithm]
+    if spec.learned:
+        raise ValueError(LEARNED_ONLY)
+    values = [limit.algorithm, limit.limit, period_us(limit), spec.burst_of(limit), limit.cost,
+              1 if limit.shadow else 0, to_us(limit.warmup), to_us(limit.max_wait),
+              to_us(limit.lockout), limit.stage]
+    if not limit.calendar:
+        values += _NO_WINDOW
+    assert len(values) == len(LIMIT_SPEC) - (3 if limit.calendar else 0)
+    known = "|" + "|".join(map(str, values)), spec.stores_members
+    if len(_SPECS) >= _CACHED:
+        _SPECS.clear()
+    _SPECS[(limit.algorithm, limit.limit, limit.period, limit.burst, limit.cost, limit.shadow,
+            limit.warmup, limit.max_wait, limit.lockout, limit.stage, limit.calendar)] = known
+    return known
+
+
+def _head(no_now: bool, members: bool, version_key: str | None, prefix: str,
+          stats: bool) -> str:
+    texts = (version_key or "", f"{prefix}s:" if stats else "")
+    head = "".join(("0" if no_now else "1", "1" if members else "0",
+                    *(f"{len(t.encode())}:{t}" for t in texts)))
+    if len(_HEADS) >= _CACHED:
+        _HEADS.clear()
+    _HEADS[(no_now, members, version_key, prefix, stats)] = head
+    return head
 
 
 def decode(
@@ -167,22 +224,23 @@ def assemble(
     now_us: int | None = None,
 ) -> Decision:
     """`raw` holds, from `start`, per limit, the `RESULT_FIELDS` (times in µs; the
-    outcome is its counter field: a, r, w or o); `now_us`: the time the store decided
-    at. Both backends end here."""
+    outcome is its counter field: a, r, w or o; see `result_values`); `now_us`: the time
+    the store decided at. Both backends end here."""
     results = []
     retry_us = 0
     delay = 0.0
     holds = reserved = False
     o = start
     for limit in limits:
-        allowed = raw[o + _ALLOWED] == 1
         outcome = _OUTCOME_OF[raw[o + _OUTCOME]]
+        wait = raw[o + _WAIT]
+        allowed = outcome in PASSED
         result = Result(limit, allowed, max(0, int(raw[o + _REMAINING])), raw[o + _RESET] / US,
-                        raw[o + _RETRY] / US, raw[o + _DELAY] / US, outcome)
+                        0.0 if allowed else wait / US, wait / US if allowed else 0.0, outcome)
         results.append(result)
         if not limit.shadow:
             if not allowed:
-                retry_us = max(retry_us, int(raw[o + _RETRY]))
+                retry_us = max(retry_us, int(wait))
             elif admitted:
                 delay = max(delay, result.delay)
         if outcome is Outcome.ADMITTED:
@@ -214,8 +272,8 @@ def note_taken(limits: Sequence[Limit], token: str | None, exc: EngineError) -> 
 def result_values(allowed: int, remaining: float, reset_after: float, retry_after: float,
                   delay: float, outcome: str) -> tuple[Any, ...]:
     """One limit's values laid out as `RESULT_FIELDS`, for `assemble()` (times in µs; the
-    outcome is its counter field)."""
-    return allowed, remaining, reset_after, retry_after, delay, outcome
+    outcome is its counter field: a or o when `allowed`, else r or w)."""
+    return remaining, reset_after, delay if allowed else retry_after, outcome
 
 
 def spare(raw: list[Any], i: int, cost: int) -> None:
@@ -305,7 +363,7 @@ def encode_renew(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]],
 #: ARGV per leased limit, after the one head value (now_us); KEYS: one base key each.
 #: `want` is the units to lease (0: only give back), or `LEASE_RESET` to reset the client;
 #: `back_epoch` is the epoch (resets of its window) of the grant the units come from; a
-#: calendar window's limit carries `cal0`..`cal2` as a decision does (`LIMIT_ARGS`), so
+#: calendar window's limit carries `cal0`..`cal2` as a decision does (`LIMIT_SPEC`), so
 #: leased and unleased requests count in the same window.
 LEASE_ARGS = ("algorithm", "limit", "period_us", "cost", "want", "back_window", "back_units",
               "field", "back_epoch", "cal0", "cal1", "cal2")

@@ -1,15 +1,16 @@
 """The batch script as a Redis Function, with EVALSHA where the server has none.
 
 Redis 7 keeps a library loaded with `FUNCTION LOAD` (persisted and replicated with the
-data) and runs it with `FCALL`. The script's helpers and its check and commit
-dispatchers are then built once, when the library loads, instead of at the start of
-every call: about a sixth of the server's time per decision (`bench/capacity.py`
-measures both). A server without Functions (Redis 6) or a user whose ACL denies them gets
-the same script by EVALSHA, chosen at the first call and kept; a library the server lost
-(`FUNCTION FLUSH`, a restart without persistence, a failover to a replica that never had
-it) is loaded again by the call that meets its absence, as redis-py does for a script
-after NOSCRIPT. The call is one command that the blocking engine and its asyncio twin
-each send; its recovery, rare, is a flow (`flows`) that both run.
+data) and runs it with `FCALL`. The script's helpers are then built once, when the
+library loads, instead of at the start of every call, and each call's plan is parsed
+once (see `contract.encode`): about half of the server's time per decision
+(`bench/capacity.py` measures both). A server without Functions (Redis 6) or a user
+whose ACL denies them gets the same script by EVALSHA, chosen at the first call and
+kept; a library the server lost (`FUNCTION FLUSH`, a restart without persistence, a
+failover to a replica that never had it) is loaded again by the call that meets its
+absence, as redis-py does for a script after NOSCRIPT. The call is one command that the
+blocking engine and its asyncio twin each send; its recovery, rare, is a flow (`flows`)
+that both run.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The Lua scripts as Redis runs them, built from the files in `lua/` and the contract.
 
-Each script starts with the constants and argument offsets generated from
+Each script starts with the constants and the plan's layout generated from
 `ratelimits.engine.contract` (`lua_constants()`), then the shared prelude; the charging
-scripts add one check and one commit dispatcher with a branch per registered algorithm.
+scripts add `functions_of(algorithm)`, a branch per registered algorithm giving its check
+and commit functions.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from importlib import resources
 
 from ratelimits.engine.contract import (
     LEASE_ARGS,
-    LIMIT_ARGS,
+    LIMIT_SPEC,
     LUA_CONSTANTS,
     REFUND_ARGS,
     REFUND_HEAD,
@@ -36,8 +37,12 @@ __all__ = [
 def lua_constants() -> str:
     """The `local` declarations the script starts with, one per line."""
     lines = [f"local {name} = {value!r}" for name, value in LUA_CONSTANTS.items()]
-    # ARGV offsets of one limit's values within its block: ARG_LIMIT = 2 ...
-    lines += [f"local ARG_{name.upper()} = {i}" for i, name in enumerate(LIMIT_ARGS, 1)]
+    # where each of a limit's values is among what string.find answers for its spec in
+    # a plan with SPEC_PATTERN: the spec's start and end, then its values (SPEC_LIMIT = 4)
+    lines += [f"local SPEC_{name.upper()} = {i}" for i, name in enumerate(LIMIT_SPEC, 3)]
+    # the algorithms whose limits send the client's field with each call
+    windowed = ", ".join(f"{name} = true" for name, a in REGISTRY.items() if a.windowed)
+    lines.append(f"local WINDOWED = {{{windowed}}}")
     return "\n".join(lines)
 
 
@@ -52,30 +57,42 @@ def _dispatcher(name: str, params: str, bodies: dict[str, str]) -> str:
 
 @lru_cache(maxsize=1)
 def batch_source() -> str:
-    """The batch script: the generated constants, the prelude, the check and commit
-    dispatchers (one branch per registered algorithm), the entry point."""
+    """The batch script: the generated constants, the prelude, the algorithms' check and
+    commit functions (`functions_of`), the entry point."""
     return _charging_source("batch.lua")
 
 
 @lru_cache(maxsize=1)
 def batch_library() -> tuple[str, str]:
     """(function name, library code): the batch script as a Redis Functions library, its
-    helpers and dispatchers defined once at `FUNCTION LOAD` instead of on every call. The
-    name carries a digest of the code, so processes running two versions of the app side
-    by side (a rolling deploy) each call their own."""
+    helpers defined once at `FUNCTION LOAD` and its plans parsed once, instead of on every
+    call. The name carries a digest of the code, so processes running two versions of the
+    app side by side (a rolling deploy) each call their own."""
     name = "ratelimits_batch_" + hashlib.sha1(batch_source().encode()).hexdigest()[:16]
     lua = resources.files("ratelimits.engine") / "lua"
+    names = ", ".join(_GLOBALS)
     code = "\n".join(
         (
             f"#!lua name={name}",
+            # A function reads each global through the metatable Redis puts on its
+            # globals: the library reads the ones it uses once, into locals. Not while it
+            # loads: loading sees only the `redis` of register_function.
+            f"local function api() return {names} end",
+            "local loading = redis",
+            f"local {names}",
             *_charging_parts(),
             "local function batch(KEYS, ARGV)",
+            f"if not tonumber then {names} = api() end",
             (lua / "batch.lua").read_text("utf-8"),
             "end",
-            f"redis.register_function('{name}', batch)",
+            f"loading.register_function('{name}', batch)",
         )
     )
     return name, code
+
+
+#: The globals the charging scripts use (see `batch_library`).
+_GLOBALS = ("redis", "tonumber", "tostring", "math", "string", "unpack", "type", "error")
 
 
 def _bodies() -> dict[str, tuple[str, str, str]]:
@@ -93,19 +110,34 @@ def _bodies() -> dict[str, tuple[str, str, str]]:
     return out
 
 
+def _functions_of(checks: dict[str, str], commits: dict[str, str]) -> str:
+    """`functions_of(algorithm)`: a new check and commit function of `algorithm`. A plan
+    holds its limits' (see lua/check_all.lua), made when it is parsed: once per plan in
+    the library, and by EVALSHA only for the algorithms the call names."""
+    lines = ["local function functions_of(algorithm)"]
+    for i, (algorithm, check) in enumerate(checks.items()):
+        lines.append(f"  {'if' if i == 0 else 'elseif'} algorithm == '{algorithm}' then")
+        lines.append("    return function(key, f, now, L, P, B, c, mw, cal)")
+        lines += [f"      {line}" if line else "" for line in check.strip("\n").split("\n")]
+        lines.append("    end, function(key, f, now, L, P, B, c, r, token)")
+        lines += [f"      {line}" if line else ""
+                  for line in commits[algorithm].strip("\n").split("\n")]
+        lines.append("    end")
+    lines += ["  end", "  error('unknown algorithm ' .. tostring(algorithm))", "end"]
+    return "\n".join(lines)
+
+
 def _charging_parts() -> tuple[str, ...]:
     """What every charging script starts with: the generated constants, the prelude, the
-    check and commit dispatchers, and the check of every limit of a call."""
+    algorithms' check and commit functions, and the check of every limit of a call."""
     lua = resources.files("ratelimits.engine") / "lua"
     bodies = _bodies()
     return (
         "-- generated from ratelimits/engine/scripts.py",
         lua_constants(),
         (lua / "prelude.lua").read_text("utf-8"),
-        _dispatcher("check", "key, f, now, L, P, B, c, mw, cal",
-                    {name: b[0] for name, b in bodies.items()}),
-        _dispatcher("commit", "key, f, now, L, P, B, c, r, token",
-                    {name: b[1] for name, b in bodies.items()}),
+        _functions_of({name: b[0] for name, b in bodies.items()},
+                      {name: b[1] for name, b in bodies.items()}),
         (lua / "check_all.lua").read_text("utf-8"),
     )
 

@@ -18,7 +18,7 @@ import redis.cluster
 from ratelimits.engine import ALGORITHMS, EngineUnavailable, Limit, MemoryEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster import ClusterEngine
-from ratelimits.engine.contract import decode_slot, encode
+from ratelimits.engine.contract import FIELDS, decode_slot, encode
 from ratelimits.engine.flows import run_flow
 from ratelimits.engine.keynames import base_key, cell, period_us, stats_key, to_us
 from ratelimits.engine.types import Outcome
@@ -136,7 +136,7 @@ def test_a_refund_late_behind_another_request_never_gives_away_capacity(client, 
     twin = MemoryEngine()
     later = engine.evaluate([limit], now=T0 + 5)
     assert later.allowed and twin.evaluate([limit], now=T0 + 5).allowed
-    raw = list(charge[2:8])
+    raw = list(charge[2:2 + FIELDS])
     run_flow(engine.refunding([limit], {slot: [0]}, {slot: decode_slot(charge, 1)}, "", raw),
              engine.perform)
     got, want = engine.evaluate([limit], now=T0 + 5.5), twin.evaluate([limit], now=T0 + 5.5)

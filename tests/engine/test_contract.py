@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from ratelimits.engine import Limit, RedisEngine, constants, contract, scripts
-from ratelimits.engine.contract import HEAD_ARGS, LIMIT_ARGS, LUA_CONSTANTS, encode
+from ratelimits.engine import Limit, MemoryEngine, RedisEngine, constants, contract, scripts
+from ratelimits.engine.contract import LIMIT_SPEC, LUA_CONSTANTS, PLAN_FLAGS, encode
 from ratelimits.engine.keynames import base_key, cell, client_key
 from ratelimits.engine.types import RESERVE
 from tests.engine.conftest import T0
@@ -20,8 +20,26 @@ def test_the_script_carries_the_python_constants_once():
     for name, value in LUA_CONSTANTS.items():
         # declared once, with the Python value: no Lua file mirrors it by hand
         assert re.findall(rf"^local {name} = (.*)$", source, re.M) == [repr(value)], name
-    for i, field in enumerate(LIMIT_ARGS, 1):
-        assert f"local ARG_{field.upper()} = {i}\n" in source
+    for i, field in enumerate(LIMIT_SPEC, 3):  # after the spec's start and end
+        assert f"local SPEC_{field.upper()} = {i}\n" in source
+
+
+def parsed(args: list) -> tuple[dict, list[dict], list]:
+    """A batch call's ARGV read as the contract lays it out: the plan's head, its limits'
+    specs, and the values after the plan."""
+    plan, rest = args[0].encode(), args[1:]  # Lua counts a text's length in bytes
+    flags = dict(zip(PLAN_FLAGS, (c == ord("1") for c in plan[:len(PLAN_FLAGS)]), strict=True))
+    at, texts = len(PLAN_FLAGS), []
+    for _ in range(2):
+        colon = plan.index(b":", at)
+        size = int(plan[at:colon])
+        texts.append(plan[colon + 1:colon + 1 + size].decode())
+        at = colon + 1 + size
+    values = plan[at:].decode().split("|")[1:]
+    per = len(LIMIT_SPEC)
+    specs = [dict(zip(LIMIT_SPEC, values[i:i + per], strict=True))
+             for i in range(0, len(values), per)]
+    return {**flags, "version_key": texts[0], "stats_prefix": texts[1]}, specs, rest
 
 
 def test_the_script_obeys_a_changed_constant(redis_client, monkeypatch):
@@ -52,27 +70,39 @@ def test_encode_puts_each_value_where_its_name_says():
     ]
     keys, args, token = encode(limits, prefix="rl:", now=T0, version_key="v", stats=True)
     assert keys == [base_key("rl:", lim) for lim in limits]
-    assert len(args) == len(HEAD_ARGS) + len(LIMIT_ARGS) * len(limits)
-    head = dict(zip(HEAD_ARGS, args, strict=False))
-    assert head == {"now_us": 1_800_000_000_000_000, "token": token, "version_key": "v",
+    head, specs, rest = parsed(args)
+    assert head == {"has_now": True, "has_token": True, "version_key": "v",
                     "stats_prefix": "rl:s:"}
     assert token  # sliding_log names its members after the request's token
-    per = len(LIMIT_ARGS)
-    second = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + per:len(HEAD_ARGS) + 2 * per],
-                      strict=True))
-    assert second == {"algorithm": "leaky_bucket", "limit": 9, "period_us": 1_500_000,
-                      "burst": 0, "cost": 1, "shadow": 1, "warmup_us": 0,
-                      "wait_us": 250_000, "field": "", "lockout_us": 0, "stage": 0,
-                      "cal0": 0, "cal1": 0, "cal2": 0}
-    third = dict(zip(LIMIT_ARGS, args[len(HEAD_ARGS) + 2 * per:], strict=True))
+    # the call's own values: its time, its token, the window limit's field
+    assert rest == [1_800_000_000_000_000, token, cell("rl:", limits[2])[1]]
+    assert len(specs) == len(limits)
+    assert specs[1] == {"algorithm": "leaky_bucket", "limit": "9", "period_us": "1500000",
+                        "burst": "0", "cost": "1", "shadow": "1", "warmup_us": "0",
+                        "wait_us": "250000", "lockout_us": "0", "stage": "0",
+                        "cal0": "0", "cal1": "0", "cal2": "0"}
+    third = specs[2]
     # T0 is 2027-01-15 08:00 UTC, 17:00 in Tokyo (UTC+9, no daylight saving): the day
     # began at 15:00 UTC the day before, and the next one ends a day after it
     day = 86_400 * 1_000_000
     tokyo_midnight = (T0 // 86_400 * 86_400 - 9 * 3600) * 1_000_000
-    assert (third["cal0"], third["cal1"], third["cal2"]) == (
+    assert (int(third["cal0"]), int(third["cal1"]), int(third["cal2"])) == (
         tokyo_midnight, tokyo_midnight + day, tokyo_midnight + 2 * day)
-    assert (third["lockout_us"], third["stage"], third["field"]) == (90_000_000, RESERVE,
-                                                                     cell("rl:", limits[2])[1])
+    assert (third["lockout_us"], third["stage"]) == ("90000000", str(RESERVE))
+
+
+def test_a_plan_repeats_from_call_to_call():
+    """All that changes between two calls of the same policies is after the plan: the
+    script parses a plan once (see lua/check_all.lua)."""
+    a, b = Limit("10.0.0.1", "gcra", 5, 60, name="p"), Limit("10.0.0.2", "gcra", 5, 60, name="p")
+    first, second = (encode([lim], prefix="rl:", version_key="v")[1] for lim in (a, b))
+    assert first == second == [first[0]]  # no time, no token, no field: the plan alone
+    _, args, _ = encode([a], prefix="rl:", now=T0, version_key="v")
+    assert args[0] != first[0] and args[1:] == [1_800_000_000_000_000]
+    # a key name of any text: the plan gives each its length
+    _, odd, _ = encode([a], prefix="r|1:é", version_key="v|:x", stats=True)
+    assert parsed(odd)[0] == {"has_now": False, "has_token": False, "version_key": "v|:x",
+                              "stats_prefix": "r|1:és:"}
 
 
 def test_a_window_limit_names_its_shard_and_its_field():
@@ -80,8 +110,7 @@ def test_a_window_limit_names_its_shard_and_its_field():
     policy's and the shard's, the client a field; every other algorithm keys the client."""
     a, b = (Limit(f"10.0.0.{i}", "sliding_window", 5, 60, name="p") for i in (1, 2))
     keys, args, _ = encode([a, b], prefix="rl:", now=T0, stats=False)
-    fields = [args[len(HEAD_ARGS) + i * len(LIMIT_ARGS) + LIMIT_ARGS.index("field")]
-              for i in (0, 1)]
+    fields = parsed(args)[2][1:]  # after the call's time
     assert [(k, f) for k, f in zip(keys, fields, strict=True)] == [cell("rl:", a),
                                                                    cell("rl:", b)]
     assert fields[0] != fields[1] and all(len(f) == 11 for f in fields)
@@ -127,9 +156,45 @@ def test_a_window_hash_is_stored_under_the_name_earlier_releases_gave_it(redis_c
 
 def test_no_token_is_drawn_when_no_limit_names_members():
     _, args, token = encode([Limit("c", "gcra", 5, 60)], prefix="rl:", stats=False)
-    assert token is None and args[:4] == ["", "", "", ""]
+    head, _, rest = parsed(args)
+    assert token is None and not head["has_token"] and rest == []
 
 
 def test_a_malformed_reply_is_an_engine_error():
     with pytest.raises(ValueError, match="unexpected reply"):
         contract.decode([Limit("c", "gcra", 5, 60)], [0, 1, 0], versioned=False, token=None)
+
+
+def test_key_names_of_any_text_reach_the_script(redis_client):
+    """The version key and the prefix travel inside the plan, each after its length: a
+    name holding the plan's separators, or letters of several bytes, is read whole."""
+    engine = RedisEngine(redis_client, prefix="r|1:é", version_key="v|:é")
+    version = engine.bump_version()
+    limits = [Limit("10.0.0.1", "fixed_window", 2, 60, name="p"),
+              Limit("10.0.0.1", "gcra", 5, 60, name="q")]
+    decisions = [engine.evaluate(limits, now=T0 + i) for i in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert {d.version for d in decisions} == {version}
+    assert redis_client.get("v|:é") == str(version).encode()
+    assert all(k.decode().startswith("r|1:é") for k in redis_client.keys("r|1:*"))
+
+
+def test_plans_past_those_the_library_keeps_are_parsed_again(redis_client, monkeypatch):
+    """The library keeps PLANS_KEPT parsed plans, then starts afresh: a plan it dropped
+    is parsed again, and every call decides as the in-process engine does."""
+    monkeypatch.setitem(contract.LUA_CONSTANTS, "PLANS_KEPT", 2)
+    scripts.batch_source.cache_clear()
+    scripts.batch_library.cache_clear()
+    try:
+        engine, twin = RedisEngine(redis_client), MemoryEngine()
+        policies = [[Limit("10.0.0.1", "fixed_window", 3 + i, 60, name=f"p{i}"),
+                     Limit("10.0.0.1", "gcra", 2 + i, 60, name=f"q{i}", shadow=i == 1)]
+                    for i in range(5)]
+        for step in range(4):
+            for limits in policies:
+                at = T0 + step
+                got, want = engine.evaluate(limits, now=at), twin.evaluate(limits, now=at)
+                assert got.results == want.results, (step, limits[0].name)
+    finally:
+        scripts.batch_source.cache_clear()
+        scripts.batch_library.cache_clear()

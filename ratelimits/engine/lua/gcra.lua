@@ -14,7 +14,7 @@ end
 return {0, floor0((B * T - (tat - now)) / T), math.ceil(tat - now),
         math.ceil(allow_at - now - mw), 0}
 --[[commit]]
-redis.call('SET', key, r[6], 'PX', ttl_ms(r[3]))
+redis.call('SET', key, num_arg(r[6]), 'PX', ttl_ms(r[3]))
 --[[refund]]
 -- s1: the TAT the charge stored. Only while it is still the stored one is moving it back
 -- by c*T exact (see tat_refund in the prelude).

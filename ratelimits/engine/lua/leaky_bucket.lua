@@ -12,6 +12,6 @@ if wait <= B * T + mw + EPS then  -- a max_wait (mw) lengthens the queue by that
 end
 return {0, 0, math.ceil(wait), math.ceil(wait - B * T - mw), 0}
 --[[commit]]
-redis.call('SET', key, r[6], 'PX', ttl_ms(r[3]))
+redis.call('SET', key, num_arg(r[6]), 'PX', ttl_ms(r[3]))
 --[[refund]]
 tat_refund(key, now, L, P, c, s1)

@@ -2,17 +2,18 @@
 -- a double, exactly as the Python backend computes it, so both reach the same decisions.
 --
 -- Each algorithm file holds two bodies, after the markers --[[check]] and --[[commit]].
--- The loader (scripts.batch_source) places them as branches of the check() and
--- commit() dispatchers, so a call builds two closures rather than one per algorithm.
--- check(key, now, L, P, B, c, mw) returns {allowed, remaining, reset_after, retry_after,
--- delay, state...} and never writes (pruning expired entries aside); commit(..., r,
--- token) writes, only when the whole request is admitted and this limit admitted it.
+-- The loader (scripts.batch_source) makes them the functions functions_of(algorithm)
+-- returns, and a call's plan holds its limits' (check_all.lua).
+-- check(key, f, now, L, P, B, c, mw, cal) returns {allowed, remaining, reset_after,
+-- retry_after, delay, state...} and never writes (pruning expired entries aside);
+-- commit(key, f, now, L, P, B, c, r, token) writes, only when the whole request is
+-- admitted and this limit admitted it.
 -- mw is the limit's max_wait in µs: the algorithms that reserve a future turn admit a
 -- request whose turn comes within it, with that delay.
 
 -- The constants (US, EPS, TOKEN_EPS, FLOOR_EPS, STATS_TTL, OFFENDERS_TTL, OFFENDERS,
--- CONCURRENCY_RETRY) and the argument offsets are generated above this file from
--- ratelimits/engine/constants.py and contract.py.
+-- CONCURRENCY_RETRY), the plan's layout and the window algorithms (WINDOWED) are
+-- generated above this file from ratelimits/engine/constants.py and contract.py.
 
 -- A number handed to redis.call as it is, not as a string, is written by Redis itself with
 -- %.17g: exact, and cheaper than formatting it here. fmt is for a number that becomes
@@ -22,6 +23,14 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- A number as an argument of redis.call, written as Redis would write it (%.17g) for
+-- less: a whole number below 1e17 (a time in µs, most counts) is the same text with %d,
+-- which costs half as much. Other numbers go as they are.
+local function num_arg(x)
+  if x % 1 == 0 and x < 1e17 and x > -1e17 then return string.format('%d', x) end
+  return x
+end
+
 -- The hash of window number w under key: `<key>:<w>`, as keynames.windows names it. A
 -- window number is a whole number (of periods, or a calendar window's start in seconds),
 -- which %d writes as fmt would, for a fraction of its cost.
@@ -29,10 +38,12 @@ local function window_key(key, w)
   return string.format('%s:%d', key, w)
 end
 
+-- A TTL of `us` microseconds as the argument of PX or PEXPIRE: whole milliseconds, at
+-- least 1 (written with %d, see num_arg).
 local function ttl_ms(us)
   local ms = math.ceil(us / 1000)
   if ms < 1 then ms = 1 end
-  return ms
+  return string.format('%d', ms)
 end
 
 local function floor0(x)
@@ -57,6 +68,7 @@ local function sliding_retry(L, P, c, prev, cur, elapsed)
 end
 
 local function add_members(key, score, token, cost)
+  score = num_arg(score)  -- written once for all the members
   local args = {}
   for i = 1, cost do
     args[#args + 1] = score
@@ -134,6 +146,6 @@ local function warm_check(key, now, L, P, B, c, W, mw, r)
 end
 
 local function warm_commit(key, r)
-  redis.call('HSET', key .. ':w', 'n', r.wn, 'w', r.ww)
+  redis.call('HSET', key .. ':w', 'n', num_arg(r.wn), 'w', num_arg(r.ww))
   redis.call('PEXPIRE', key .. ':w', ttl_ms(r[3]))
 end

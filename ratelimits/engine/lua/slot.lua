@@ -2,14 +2,13 @@
 -- checks every limit and charges them only if every enforced one admits, but it touches
 -- only its declared keys (and their window keys, under the same hash tag): no version, no
 -- counters, no offenders (the engine tallies those in process). ARGV as for batch.lua
--- (the version key and stats prefix are ignored).
--- Returns {admitted, now_us, then per limit: allowed, remaining, reset_after,
--- retry_after, delay, outcome, s1, s2}: s1 and s2 are what the charge wrote ('' when
+-- (the plan's version key and counters' prefix are ignored).
+-- Returns {admitted, now_us, then per limit: remaining, reset_after, wait, outcome (as
+-- batch.lua answers them), s1, s2}: s1 and s2 are what the charge wrote ('' when
 -- nothing), handed back to refund.lua should another slot of the request refuse.
-local now = decision_now(ARGV)
-local token = ARGV[2]
+local plan, now, token = begin(ARGV)
 local n = #KEYS
-local checks, admitted, figures = check_all(KEYS, ARGV, now)
+local checks, admitted = check_all(KEYS, ARGV, now, plan)
 local function text(x)
   if x == nil then return '' end
   if type(x) == 'number' then return fmt(x) end
@@ -18,11 +17,13 @@ end
 local out = {admitted, now}
 for i = 1, n do
   local r = checks[i]
-  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token, figures[i])
+  local field, wrote = charge(KEYS, ARGV, i, now, r, admitted, token, plan[i])
   local s1, s2 = '', ''
   if wrote then s1, s2 = text(r[6]), text(r[7]) end
   local j = #out
-  out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6], out[j + 7],
-    out[j + 8] = r[1], r[2], r[3], r[4], r[5], field, s1, s2
+  local wait = r[4]
+  if r[1] == 1 then wait = r[5] end
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] =
+    r[2], r[3], wait, field, s1, s2
 end
 return out

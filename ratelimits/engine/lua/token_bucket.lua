@@ -19,7 +19,7 @@ end
 return {0, floor0(tokens), math.ceil((B - tokens) * P / L),
         math.ceil((c - tokens) * P / L - mw), 0}
 --[[commit]]
-redis.call('HSET', key, 't', r[6], 'ts', r[7])
+redis.call('HSET', key, 't', num_arg(r[6]), 'ts', num_arg(r[7]))
 redis.call('PEXPIRE', key, ttl_ms(r[3]))
 --[[refund]]
 -- s1, s2: the tokens and time the charge stored. Only while the bucket still holds them
