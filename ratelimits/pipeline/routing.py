@@ -78,7 +78,11 @@ def route_of(base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> 
     """The route of `base` (an HttpRequest) for `scopes` on `snap`, worked out at its
     first request. Keyed by the URL resolver too: a URLconf changed in place is seen
     after `clear_url_caches()`, as Django sees it."""
-    key = (get_resolver(getattr(base, "urlconf", None)), base.path_info, method, scopes)
+    try:
+        urls = get_resolver(getattr(base, "urlconf", None))
+    except Exception:  # no URLconf at all (settings without ROOT_URLCONF): none to key by
+        urls = None
+    key = (urls, base.path_info, method, scopes)
     routes = snap.routes
     route: Route | None = routes.get(key)
     if route is None:
@@ -273,14 +277,16 @@ def _admin_prefixes(urlconf: Any) -> tuple[str, ...]:
     from django.conf import settings
 
     found = []
-    if apps.is_installed("django.contrib.admin"):
+    # no URLconf at all (settings without ROOT_URLCONF): no admin site is served
+    urls = urlconf or getattr(settings, "ROOT_URLCONF", None)
+    if urls is not None and apps.is_installed("django.contrib.admin"):
         from django.contrib.admin.sites import all_sites
         from django.urls import NoReverseMatch, get_script_prefix, reverse
 
         script = get_script_prefix()
         for site in list(all_sites):
             try:
-                url = reverse(f"{site.name}:index", urlconf=urlconf or settings.ROOT_URLCONF)
+                url = reverse(f"{site.name}:index", urlconf=urls)
             except NoReverseMatch:
                 continue  # a site this URLconf does not include
             found.append("/" + url[len(script):] if url.startswith(script) else url)

@@ -101,3 +101,17 @@ def test_a_changed_redirect_setting_reaches_the_next_request(client, make_policy
     assert [client.get("/hello").status_code for _ in range(3)] == [301, 301, 301]
     settings.APPEND_SLASH = False  # now the request itself is answered: and counted
     assert [client.get("/hello").status_code for _ in range(2)] == [404, 429]
+
+
+def test_a_request_is_decided_where_settings_name_no_urlconf(make_policy, settings):
+    """A middleware driven without URLs (a RequestFactory in a script, settings without
+    ROOT_URLCONF) still has its requests decided, never an error admitting them all."""
+    from django.http import HttpResponse
+
+    from ratelimits.middleware import RateLimitMiddleware
+
+    make_policy(name="a", limit=2)
+    del settings.ROOT_URLCONF
+    middleware = RateLimitMiddleware(lambda request: HttpResponse("hello"))
+    rf = RequestFactory()
+    assert [middleware(rf.get("/hello/")).status_code for _ in range(3)] == [200, 200, 429]
