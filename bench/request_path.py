@@ -117,7 +117,6 @@ def _child(quick: bool) -> None:
     from ratelimits.middleware import RateLimitMiddleware
     from ratelimits.models import Policy
     from ratelimits.pipeline.engines import get_engine
-    from ratelimits.pipeline.resolver import resolver
 
     with transaction.atomic():
         Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",
@@ -130,10 +129,18 @@ def _child(quick: bool) -> None:
     middleware = RateLimitMiddleware(view)
     assert middleware(rf.get("/hello/")).status_code == 200
     store = get_engine().store
-    perform = store.perform
-    version = resolver.snapshot().version
-    # what the batch function answers for one admitting limit (see contract.decode)
-    canned_reply = [version, 1, 0, 10**9 - 1, 60_000_000, 0, b"a"]
+    wire, call = store.wire, store.wire.call
+    # what the batch function answers for one admitting limit, as Redis answered it once
+    replies: list[Any] = []
+
+    def recorded(command: Any) -> Any:
+        replies.append(call(command))
+        return replies[-1]
+
+    wire.call = recorded  # type: ignore[method-assign]
+    assert middleware(rf.get("/hello/")).status_code == 200
+    wire.call = call  # type: ignore[method-assign]
+    canned_reply = replies[-1]
 
     ping_client = redis.Redis(host=common.REDIS_HOST, port=port, db=common.PEERS_DB)
     storage = RedisStorage(common.PEERS_URL)
@@ -146,12 +153,12 @@ def _child(quick: bool) -> None:
 
     def canned() -> None:
         # the reply canned, and no heartbeat riding along (its pipeline would call Redis)
-        store.perform, beat, store.heartbeat = (lambda need: canned_reply,
-                                                store.heartbeat, None)
+        wire.call, beat, store.heartbeat = (lambda command: canned_reply,  # type: ignore[method-assign]
+                                            store.heartbeat, None)
         try:
             assert middleware(rf.get("/hello/")).status_code == 200
         finally:
-            store.perform, store.heartbeat = perform, beat
+            wire.call, store.heartbeat = call, beat  # type: ignore[method-assign]
 
     floor = FloorMiddleware(view, floor_client(common.OURS_URL))
 
