@@ -203,8 +203,8 @@ def _http(request: Any) -> Any:
 
 
 def _meta(request: Any) -> Any:
-    meta = getattr(_http(request), "META", None)
-    return meta if isinstance(meta, Mapping) else {}
+    meta = getattr(getattr(request, "_request", request), "META", None)
+    return meta if type(meta) is dict or isinstance(meta, Mapping) else {}
 
 
 def _text(value: Any) -> str | None:

@@ -108,14 +108,18 @@ class CompiledPolicy:
     #: process, or adaptive), not in the store. `may_wait`: a client's limit may admit
     #: with a delay (a `max_wait`, or an algorithm that queues; overrides change neither).
     #: `settles`: its response may charge or clear the count (`charge_on`, `reset_on`).
+    #: `learned`: an adaptive limit, decided in this process's adaptive engine (an
+    #: override changes a limit's figures, never its algorithm).
     in_process: bool = field(init=False, compare=False, repr=False)
+    learned: bool = field(init=False, compare=False, repr=False)
     may_wait: bool = field(init=False, compare=False, repr=False)
     settles: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         template = self.template
         _set(self, "template_values", tuple(getattr(template, name) for name in _TEMPLATE_FIELDS))
-        _set(self, "in_process", self.counting == PER_PROCESS or template.spec.learned)
+        _set(self, "learned", template.spec.learned)
+        _set(self, "in_process", self.counting == PER_PROCESS or self.learned)
         _set(self, "may_wait", template.max_wait > 0 or template.spec.delays)
         _set(self, "settles", self.charge_on is not None or self.reset_on is not None)
 

@@ -324,10 +324,10 @@ def _take_local(step: Step) -> None:
     is the cheapest), then the per-process ones; the store's part is left when all
     admit and it has any."""
     planned = step.planned
-    learned = [p for p in planned if p.limit.spec.learned]
-    own = [p for p in planned if p.policy.counting == PER_PROCESS and not p.limit.spec.learned]
+    learned = [p for p in planned if p.policy.learned]
+    own = [p for p in planned if p.policy.counting == PER_PROCESS and not p.policy.learned]
     shared = [p for p in planned
-              if p.policy.counting != PER_PROCESS and not p.limit.spec.learned]
+              if p.policy.counting != PER_PROCESS and not p.policy.learned]
     layers: list[tuple[Callable[[], LocalLayer], list[Planned]]] = [
         (get_adaptive_engine, learned), (get_local_engine, own)]
     for i, (engine_of, mine) in enumerate(layers):
@@ -439,7 +439,7 @@ def _held(ctx: Context, step: Step, layer: Taken) -> None:
     engine, decision = layer.engine, layer.decision
     if decision.token is not None:
         hold(ctx.state, engine, decision)
-        if layer.own[0].limit.spec.learned:  # the adaptive layer: its latency is a sample
+        if layer.own[0].policy.learned:  # the adaptive layer: its latency is a sample
             adaptive_taken(ctx.request, get_adaptive_engine(), decision,
                            [p.policy.name for p in layer.own])
     count_in_store(engine, decision, step.now)
