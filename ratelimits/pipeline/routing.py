@@ -38,8 +38,8 @@ ROUTES_KEPT = 2_048
 class Route:
     """What requests of one method and path ask of one snapshot (see `route_of`)."""
 
-    __slots__ = ("admin", "calls_code", "deferred", "local", "may_wait", "overridden",
-                 "path", "policies", "reads_user", "redirect", "settles")
+    __slots__ = ("admin", "calls_code", "deferred", "may_wait", "overridden", "path",
+                 "policies", "reads_user", "redirect", "settles")
 
     def __init__(self, base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> None:
         path_info = base.path_info
@@ -57,13 +57,11 @@ class Route:
         kinds = {p.key_spec.kind for p in policies}
         #: A key reads the user (an async stack loads it first), a key or a cost function
         #: runs code of the user's (an async stack plans in a thread), a policy has
-        #: overrides (which may ask the tier, also the user's code), a policy is decided
-        #: in this process.
+        #: overrides (which may ask the tier, also the user's code).
         self.reads_user = bool(kinds & KEY_KINDS.reads_user)
         self.calls_code = bool(kinds & KEY_KINDS.calls_code) or any(
             p.cost_of is not None for p in policies)
         self.overridden = any(p.overrides is not None for p in policies)
-        self.local = any(p.in_process for p in policies)
         #: A policy's response may charge or clear the count (`charge_on`, `reset_on`);
         #: a policy may admit with a delay (a place in the waiting room is taken first).
         self.settles = any(p.settles for p in policies)
