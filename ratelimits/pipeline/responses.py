@@ -2,11 +2,15 @@
 unavailable), and the rate-limit headers of every response.
 
 The headers are the IETF draft's fields and the legacy X-RateLimit-* trio. IETF style
-follows draft-ietf-httpapi-ratelimit-headers-10:
+follows draft-ietf-httpapi-ratelimit-headers-11:
 ``RateLimit-Policy: "name";q=100;w=60`` and ``RateLimit: "name";r=42;t=17``. `q` per `w`
 is the policy's limit per period for every algorithm (a concurrency limit has no window);
-`r` is what this client may spend now (for a bucket, up to its burst) and `t` the seconds
-until its state is fully reset, or until a refused request could pass.
+`r` is the quota this client has available now (for a bucket, up to its burst) and `t`
+the end of its effective window: the seconds until its state is fully reset, or, on a
+refusal, until a retry can pass, which is also the refusal's `Retry-After` (never
+earlier than `t`, as the draft asks). A body in JSON is the draft's problem type
+(RFC 9457): `quota-exceeded` for a 429, `temporary-reduced-capacity` for an adaptive
+limit's 503, each naming its `violated-policies`.
 """
 
 from __future__ import annotations
@@ -46,16 +50,41 @@ def _wants_json(request: Any) -> bool:
     return isinstance(accept, str) and "json" in accept
 
 
+#: The problem types of the IETF draft (its IANA registrations), by the status they explain.
+PROBLEM_TYPES = "https://iana.org/assignments/http-problem-types#"
+QUOTA_EXCEEDED = PROBLEM_TYPES + "quota-exceeded"
+REDUCED_CAPACITY = PROBLEM_TYPES + "temporary-reduced-capacity"
+
+
+def problem(rejection: Rejection, detail: str) -> dict[str, Any]:
+    """The refusal as a problem details object (RFC 9457) of the draft's types: a 429 is
+    `quota-exceeded`; a 503 an adaptive limit gave (policies refused it) is
+    `temporary-reduced-capacity`; a 503 no policy's count gave (the store was out of
+    reach, or the client could not be identified) has no type of the draft's."""
+    body: dict[str, Any] = {}
+    if rejection.status == LIMITED:
+        body["type"], title = QUOTA_EXCEEDED, "Too Many Requests"
+    else:
+        title = "Service Unavailable"
+        if rejection.policies:
+            body["type"] = REDUCED_CAPACITY
+    body.update(title=title, status=rejection.status, detail=detail,
+                retry_after=rejection.retry_after)
+    if "type" in body:
+        body["violated-policies"] = list(rejection.policies)
+    return body
+
+
 def reject(request: Any, rejection: Rejection) -> HttpResponse:
-    """The default view for refused requests: a short JSON or plain-text body."""
+    """The default view for refused requests: a short plain-text body, or a problem
+    details object (`problem`) when the client's Accept asks for JSON."""
     if rejection.status == LIMITED:
         detail = f"Too many requests. Retry in {rejection.retry_after} seconds."
     else:
         detail = "Service temporarily unavailable. Retry shortly."
     if _wants_json(request):
-        return JsonResponse(
-            {"detail": detail, "retry_after": rejection.retry_after}, status=rejection.status
-        )
+        return JsonResponse(problem(rejection, detail), status=rejection.status,
+                            content_type="application/problem+json")
     return HttpResponse(detail + "\n", status=rejection.status, content_type="text/plain")
 
 

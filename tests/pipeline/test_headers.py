@@ -186,3 +186,94 @@ def test_a_throttles_outage_503_carries_no_headers_of_a_policy_decided_in_proces
     refused = client.get("/api/items/")
     assert refused.status_code == 503
     assert not set(RATE_HEADERS) & set(refused.headers), dict(refused.headers)
+
+
+# -- a refusal's Retry-After is never earlier than its `t` (draft -11) --------------------
+
+REFUSING = [
+    # algorithm, burst: each refuses its 4th request inside the minute
+    ("fixed_window", None), ("sliding_window", None), ("sliding_log", None),
+    ("token_bucket", 3), ("gcra", 3),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("algorithm", "burst"), REFUSING)
+def test_a_refusals_retry_after_is_the_end_of_its_effective_window(client, algorithm, burst):
+    from ratelimits.testing import limited
+
+    with limited({"name": "p", "rate": "3/m", "algorithm": algorithm, "burst": burst,
+                  "path": "/hello/"}) as limits:
+        for _ in range(3):
+            assert client.get("/hello/").status_code == 200
+            limits.clock.advance(5)
+        refused = client.get("/hello/")
+    assert refused.status_code == 429
+    r, t = _ratelimit(refused["RateLimit"])
+    assert r == 0
+    # the draft: Retry-After SHOULD NOT point earlier than the reset parameter; ours
+    # names the same moment, when a retry can pass, not the whole period
+    assert int(refused["Retry-After"]) == t
+    # a sliding window's weighted previous window may hold it into the next period
+    assert 0 < t <= (120 if algorithm == "sliding_window" else 60)
+
+
+@pytest.mark.django_db
+def test_two_refusing_policies_the_headers_name_the_longest_wait(client):
+    from ratelimits.testing import limited
+
+    with limited({"name": "short", "rate": "1/10s", "path": "/hello/"},
+                 {"name": "long", "rate": "1/m", "path": "/hello/"}) as limits:
+        assert client.get("/hello/").status_code == 200
+        limits.clock.advance(1)
+        refused = client.get("/hello/", headers={"Accept": "application/json"})
+    assert refused.status_code == 429
+    assert refused["RateLimit"].startswith('"long";r=0;')
+    assert int(refused["Retry-After"]) == _ratelimit(refused["RateLimit"])[1]
+    assert sorted(refused.json()["violated-policies"]) == ["long", "short"]
+
+
+# -- a refusal's body is the draft's problem type (RFC 9457) ------------------------------
+
+@pytest.mark.django_db
+def test_a_429_in_json_is_a_quota_exceeded_problem(client, make_policy, any_store):
+    make_policy(name="per-ip", limit=1, period=60, path="/hello/")
+    make_policy(name="watched", limit=1, period=60, path="/hello/", mode="shadow")
+    client.get("/hello/")
+    refused = client.get("/hello/", headers={"Accept": "application/json"})
+    assert refused.status_code == 429
+    assert refused["Content-Type"] == "application/problem+json"
+    body = refused.json()
+    assert body["type"] == "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    assert (body["title"], body["status"]) == ("Too Many Requests", 429)
+    assert body["retry_after"] == int(refused["Retry-After"]) > 0
+    assert body["violated-policies"] == ["per-ip"]  # a shadow policy refused nobody
+    plain = client.get("/hello/")
+    assert plain["Content-Type"] == "text/plain"
+
+
+@pytest.mark.django_db
+def test_an_outage_503_in_json_has_no_problem_type_of_the_drafts(client, make_policy,
+                                                                 settings):
+    make_policy(name="payments", limit=100, period=60, path="/hello/", on_error="deny")
+    settings.RATELIMITS = {**settings.RATELIMITS, "REDIS_URL": "redis://127.0.0.1:9/0"}
+    refused = client.get("/hello/", headers={"Accept": "application/problem+json"})
+    assert refused.status_code == 503
+    body = refused.json()
+    assert "type" not in body and "violated-policies" not in body
+    assert (body["title"], body["status"], body["retry_after"]) == (
+        "Service Unavailable", 503, 1)
+
+
+def test_an_adaptive_limits_503_is_a_temporary_reduced_capacity_problem(rf):
+    import json
+
+    from ratelimits.pipeline.responses import Rejection, reject
+    from ratelimits.pipeline.verdict import UNAVAILABLE, Verdict
+
+    request = rf.get("/hello/", headers={"Accept": "application/json"})
+    response = reject(request, Rejection(UNAVAILABLE, 2, ("busy",), Verdict(UNAVAILABLE)))
+    body = json.loads(response.content)
+    assert body["type"] == (
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity")
+    assert body["violated-policies"] == ["busy"] and body["status"] == 503
