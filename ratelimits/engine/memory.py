@@ -54,14 +54,20 @@ PREPARED_KEPT = 4_096
 class MemoryEngine(Acquiring):
     """Same `evaluate` as `RedisEngine`, with the state in this process. Thread-safe."""
 
-    def __init__(self, *, prefix: str = "rl:", version_key: str | None = None) -> None:
+    def __init__(self, *, prefix: str = "rl:", version_key: str | None = None,
+                 counted: bool = True) -> None:
         self.prefix = prefix
         self.version_key = version_key
+        #: Whether its decisions are counted here, per minute and in its offenders: False
+        #: when it decides beside a store, which counts them instead and is the one read.
+        self.counted = counted
         self._store = ExpiringStore()
         self._version = 0
         self._lock = threading.Lock()
-        #: each limit made ready once (`prepare`): a client's limit recurs on its requests
-        self._prepared: dict[Limit, Prepared] = {}
+        #: Each limit made ready once (`prepare`), by identity: a client's limit is one
+        #: object (`CompiledPolicy.limit_for`) and recurs on its requests; the entry holds
+        #: the limit, so its id names no other while it is kept.
+        self._prepared: dict[int, tuple[Limit, Prepared]] = {}
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
@@ -74,13 +80,12 @@ class MemoryEngine(Acquiring):
         kept = self._prepared
         prepared = []
         for limit in limits:
-            ready = kept.get(limit)
-            if ready is None:
-                ready = self.prepare(limit)
+            entry = kept.get(id(limit))
+            if entry is None or entry[0] is not limit:
                 if len(kept) >= PREPARED_KEPT:
                     kept.clear()  # many clients: start again rather than grow
-                kept[limit] = ready
-            prepared.append(ready)
+                entry = kept[id(limit)] = (limit, self.prepare(limit))
+            prepared.append(entry[1])
         with self._lock:
             if now_f >= self._store.next_due:
                 self._store.sweep(now_f)
@@ -98,7 +103,7 @@ class MemoryEngine(Acquiring):
                     field = "o"
                 else:
                     field = "w" if limit.shadow else "r"
-                if limit.name:
+                if limit.name and self.counted:
                     self._count(stats_key(self.prefix, limit.name, minute), field, now_f)
                     if field in ("r", "w"):
                         hour = math.floor(now_f / (3600 * US))

@@ -244,6 +244,13 @@ def _read_ip(request: Any, arg: str, proxies: Proxies) -> str | None:
     return client_ip(_meta(request), proxies.trusted, proxies.ipv6_prefix, proxies.header)
 
 
+def _ip_identity(request: Any, arg: str, proxies: Proxies) -> str | None:
+    """The `ip` key's identity: an address (or an IPv6 network) is short printable ASCII
+    and never begins with "h:", so it is counted as it is, never digested."""
+    address = client_ip(_meta(request), proxies.trusted, proxies.ipv6_prefix, proxies.header)
+    return None if address is None else f"ip:{address}"
+
+
 def _read_user(request: Any, arg: str, proxies: Proxies) -> str | None:
     return user_pk(request)
 
@@ -397,7 +404,8 @@ def _typed_global(value: str, ipv6_prefix: int) -> str:
 
 
 KEY_KINDS = KeyKinds([
-    KeyKind("ip", _read_ip, "ip", from_log=lambda line, arg: line.ip, splittable=True,
+    KeyKind("ip", _ip_identity, "ip", hashed=False, from_log=lambda line, arg: line.ip,
+            splittable=True,
             example="ip:203.0.113.7 or ip:203.0.113.0/24", typed=_typed_ip),
     KeyKind("user", _read_user, "user", reads_user=True, from_log=lambda line, arg: line.user,
             splittable=True, example="user:42", names_account=True),

@@ -114,6 +114,8 @@ class CompiledPolicy:
     learned: bool = field(init=False, compare=False, repr=False)
     may_wait: bool = field(init=False, compare=False, repr=False)
     settles: bool = field(init=False, compare=False, repr=False)
+    #: Its limit holds slots while a request runs (concurrency, adaptive): no window.
+    holds_slots: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         template = self.template
@@ -122,6 +124,7 @@ class CompiledPolicy:
         _set(self, "in_process", self.counting == PER_PROCESS or self.learned)
         _set(self, "may_wait", template.max_wait > 0 or template.spec.delays)
         _set(self, "settles", self.charge_on is not None or self.reset_on is not None)
+        _set(self, "holds_slots", template.spec.holds_slots)
 
     @property
     def shadow(self) -> bool:

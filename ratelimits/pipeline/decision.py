@@ -323,11 +323,13 @@ def _take_local(step: Step) -> None:
     """Each in-process layer takes its policies: the adaptive ones first (a refusal there
     is the cheapest), then the per-process ones; the store's part is left when all
     admit and it has any."""
-    planned = step.planned
-    learned = [p for p in planned if p.policy.learned]
-    own = [p for p in planned if p.policy.counting == PER_PROCESS and not p.policy.learned]
-    shared = [p for p in planned
-              if p.policy.counting != PER_PROCESS and not p.policy.learned]
+    learned: list[Planned] = []
+    own: list[Planned] = []
+    shared: list[Planned] = []
+    for p in step.planned:
+        policy = p.policy
+        (learned if policy.learned else own if policy.counting == PER_PROCESS
+         else shared).append(p)
     layers: list[tuple[Callable[[], LocalLayer], list[Planned]]] = [
         (get_adaptive_engine, learned), (get_local_engine, own)]
     for i, (engine_of, mine) in enumerate(layers):
@@ -385,7 +387,8 @@ def finish(ctx: Context, snap: Snapshot, step: Step,
         return step.verdict, False
     verdict, decision = judge_step(ctx, step, reply)
     state = ctx.state
-    settle(state, step.place, verdict)
+    if step.place is not None:
+        settle(state, step.place, verdict)
     # what an admitted request's response may take back or clear (see `settling`)
     if settles and verdict.allowed and any([p.policy.settles for p in step.planned]):
         state.pending = [*state.pending, *pending_of(step.planned, verdict)]

@@ -151,7 +151,9 @@ def get_local_engine() -> MemoryEngine:
     if _local is None:
         with _lock:
             if _local is None:
-                _local = MemoryEngine(version_key=_version_key(get_config()["KEY_PREFIX"]))
+                # beside a store, which counts what it decides (`count_in_store`)
+                _local = MemoryEngine(version_key=_version_key(get_config()["KEY_PREFIX"]),
+                                      counted=not is_shared())
     return _local
 
 

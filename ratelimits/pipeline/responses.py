@@ -179,7 +179,7 @@ def rate_headers(outcome: PolicyOutcome, style: str) -> dict[str, str]:
     headers: dict[str, str] = {}
     if style in ("ietf", "both"):
         name, policy = _policy_field(outcome.policy.name, quota, limit.period,
-                                     limit.spec.holds_slots)
+                                     outcome.policy.holds_slots)
         headers["RateLimit-Policy"] = policy
         headers["RateLimit"] = f"{name};r={remaining};t={reset}"
     if style in ("legacy", "both"):
