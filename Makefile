@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-newest test-matrix test-fast lint docs demo bench screenshots clean
+.PHONY: install test test-newest test-matrix test-fast test-valkey lint docs demo bench screenshots clean
 
 # The browser test drives Debian's Chromium (never a browser downloaded by a test tool);
 # `CHROMIUM=/path/to/chromium make test` uses another binary.
@@ -54,6 +54,21 @@ test-newest: $(STAMP) $(CHROMIUM)
 
 test-matrix: $(STAMP) $(CHROMIUM)
 	$(BIN)/nox -- $(TEST_JOBS)
+
+# The suite on Valkey: every server, cluster and sentinel it starts is valkey-server,
+# joined by valkey-cli (tests/redis_server.py), and the limiter's URLs say valkey://.
+# Valkey 8 is Debian's, from bookworm-backports (added to apt's sources if missing).
+VALKEY ?= /usr/bin/valkey-server
+BACKPORTS := /etc/apt/sources.list.d/bookworm-backports.list
+$(VALKEY):
+	grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/ || \
+	  echo 'deb http://deb.debian.org/debian bookworm-backports main' > $(BACKPORTS)
+	apt-get update
+	apt-get install -y --no-install-recommends -t bookworm-backports valkey-server valkey-tools
+
+test-valkey: $(STAMP) $(VALKEY)
+	RATELIMITS_TEST_STORE=valkey $(BIN)/python -m pytest $(TEST_JOBS) \
+	  --deselect tests/test_browser.py
 
 # The edit loop: no cluster, no server processes, no browser (the tests marked `slow`).
 test-fast: $(STAMP)

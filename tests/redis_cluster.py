@@ -32,6 +32,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.redis_server import STORE, cli_binary, server_binary
+
 BUS_OFFSET = 10000
 
 
@@ -111,24 +113,19 @@ class RedisCluster:
     @property
     def url(self) -> str:
         """The scheme `RATELIMITS["REDIS_URL"]` takes: any node is a seed for the rest."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"{STORE}+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
     @property
     def tls_url(self) -> str:
         """`url` for a TLS client: the nodes' TLS ports, no options (the caller's)."""
-        return "rediss+cluster://" + ",".join(f"127.0.0.1:{self.tls_ports[p]}"
+        return f"{STORE}s+cluster://" + ",".join(f"127.0.0.1:{self.tls_ports[p]}"
                                               for p in self.ports)
 
     def client(self, port: int, **kwargs: object) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=2, **kwargs)  # type: ignore[arg-type]
 
     def start(self, timeout: float = 30.0) -> RedisCluster:
-        binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-        if binary is None or cli is None:
-            raise RuntimeError(
-                "a Redis Cluster needs redis-server and redis-cli "
-                "(apt-get install redis-server redis-tools)"
-            )
+        cli = cli_binary()
         count = self.primaries * (1 + self.replicas)
         self.workdir = tempfile.mkdtemp(prefix="ratelimits-cluster-")
         with choosing_ports():
@@ -176,7 +173,7 @@ class RedisCluster:
         """(Re)start the node of `port` with its own config and data files (so a restart
         rejoins as the same node); `name` names the files of a node moved from elsewhere.
         No automatic snapshots: `move_node()` saves on the way down."""
-        binary = shutil.which("redis-server") or "redis-server"
+        binary = server_binary()
         name = self.names[port] = name or self.names.get(port) or str(port)
         self.procs[port] = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -293,7 +290,7 @@ class RedisCluster:
     def add_node(self, timeout: float = 30.0) -> int:
         """Start an empty node and join it as a primary without slots (`redis-cli
         --cluster add-node`); returns its port once every node knows it."""
-        cli = shutil.which("redis-cli") or "redis-cli"
+        cli = cli_binary()
         seed = self.primary_ports()[0]
         port = self._start_elsewhere(None, timeout)
         self.ports.append(port)

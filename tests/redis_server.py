@@ -1,8 +1,13 @@
-"""Start and stop private redis-server processes for tests that need their own server."""
+"""Start and stop private redis-server processes for tests that need their own server.
+
+`RATELIMITS_TEST_STORE=valkey` runs the suite's servers, clusters and sentinels on
+Valkey instead (`valkey-server`, `valkey-cli`): `make test-valkey`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import socket
@@ -19,6 +24,32 @@ if TYPE_CHECKING:
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+#: The server the suite runs on: "redis" (redis-server, redis-cli) or "valkey".
+STORE = os.environ.get("RATELIMITS_TEST_STORE", "redis")
+if STORE not in ("redis", "valkey"):
+    raise RuntimeError(f"RATELIMITS_TEST_STORE={STORE!r}: use redis or valkey")
+#: Its server and command-line client, found on PATH.
+SERVER = f"{STORE}-server"
+CLI = f"{STORE}-cli"
+_INSTALL = {"redis": "apt-get install redis-server redis-tools",
+            "valkey": "apt-get install -t bookworm-backports valkey-server valkey-tools"}
+
+
+def server_binary() -> str:
+    """The path of the suite's server binary; fails with how to install it."""
+    binary = shutil.which(SERVER)
+    if binary is None:
+        raise RuntimeError(f"the tests need {SERVER} on PATH ({_INSTALL[STORE]})")
+    return binary
+
+
+def cli_binary() -> str:
+    """The path of the suite's command-line client; fails with how to install it."""
+    cli = shutil.which(CLI)
+    if cli is None:
+        raise RuntimeError(f"the tests need {CLI} on PATH ({_INSTALL[STORE]})")
+    return cli
 
 
 def free_port() -> int:
@@ -41,12 +72,7 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisProcess:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError(
-                "no Redis answers and redis-server is not installed: "
-                "set REDIS_URL or install redis-server (apt-get install redis-server)"
-            )
+        binary = server_binary()
         if not self.workdir:
             self.workdir = tempfile.mkdtemp(prefix="ratelimits-redis-")
         self.proc = subprocess.Popen(
@@ -144,7 +170,7 @@ class Monitor:
     def __init__(self, port: int, path: Path) -> None:
         self.path = path
         self.out = path.open("w")
-        self.proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=self.out)
+        self.proc = subprocess.Popen([cli_binary(), "-p", str(port), "monitor"], stdout=self.out)
         time.sleep(0.2)  # MONITOR is on before the first command to watch
 
     def names(self, client: redis.Redis) -> dict[str, str]:

@@ -311,15 +311,18 @@ def _cluster_twin(engine: Any, client: Any) -> Any:
 DEPLOYMENTS: dict[str, Deployment] = {
     mode.name: mode
     for mode in (
-        Deployment("server", "redis:// or rediss:// (TLS) for one server",
-                   ("redis", "rediss"), parse_server, _connect_server, _redis_engine,
-                   _redis_twin, _plain_pool, _plain_async_pool),
+        Deployment("server",
+                   "redis:// or rediss:// (TLS; valkey:// and valkeys:// alike) for one server",
+                   ("redis", "rediss", "valkey", "valkeys"), parse_server, _connect_server,
+                   _redis_engine, _redis_twin, _plain_pool, _plain_async_pool),
         Deployment("socket", "unix:// for a socket", ("unix",), parse_socket,
                    _connect_server, _redis_engine, _redis_twin, _plain_pool,
                    _plain_async_pool),
         Deployment("cluster",
-                   "redis+cluster:// or rediss+cluster:// (TLS) for a Redis Cluster",
-                   ("redis+cluster", "rediss+cluster"), parse_cluster, _reach_cluster,
+                   "redis+cluster:// or rediss+cluster:// (TLS; valkey+cluster:// and "
+                   "valkeys+cluster:// alike) for a cluster",
+                   ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster"),
+                   parse_cluster, _reach_cluster,
                    _cluster_engine, _cluster_twin, _plain_pool, _plain_async_pool),
         # A django-redis cache alias with its SentinelClient: failover follows the service.
         Deployment("sentinel", "", (), None, None, _redis_engine, _redis_twin,

@@ -25,9 +25,12 @@ from ratelimits.engine.transport import Command, Script
 
 __all__ = ["StoredScript", "loaded_mode", "next_step"]
 
-#: How the server says that a library is missing, or that it has no Functions for us.
+#: How the server says that a library is missing, or that it has no Functions (Redis 6):
+#: both are `ERR` replies, told apart only by their text, which Redis 7 and Valkey 8
+#: word alike. A user whose ACL denies Functions gets a `NOPERM` reply, told by its code
+#: (redis-py's `NoPermissionError`), however the server words it.
 _NOT_FOUND = "function not found"
-_NO_FUNCTIONS = ("unknown command", "noperm", "no permissions")
+_NO_FUNCTIONS = "unknown command"
 
 
 class StoredScript:
@@ -108,10 +111,12 @@ def next_step(error: Exception) -> str | None:
     alone loads the script), or None (an error of the call itself)."""
     if isinstance(error, redis.exceptions.NoScriptError):
         return "again"
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        return "evalsha"
     if not isinstance(error, redis.ResponseError):
         return None
     message = str(error).lower()
-    if any(text in message for text in _NO_FUNCTIONS):
+    if _NO_FUNCTIONS in message:
         return "evalsha"
     if _NOT_FOUND in message:
         return "load"
@@ -121,9 +126,11 @@ def next_step(error: Exception) -> str | None:
 def loaded_mode(error: redis.ResponseError) -> str:
     """The mode after `FUNCTION LOAD` failed with `error` (raised again when it is not
     "already loaded" or "no Functions here")."""
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        return "evalsha"
     message = str(error).lower()
     if "already exists" in message:
         return "fcall"
-    if any(text in message for text in _NO_FUNCTIONS):
+    if _NO_FUNCTIONS in message:
         return "evalsha"
     raise error

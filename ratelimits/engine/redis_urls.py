@@ -26,6 +26,16 @@ __all__ = [
 
 REDIS_URL_EXAMPLE = "'redis://localhost:6379/0'"
 
+#: Valkey's schemes, as redis-py reads them: Valkey speaks Redis's protocol, and redis-py
+#: takes only redis://, rediss:// and unix://.
+_AS_REDIS = {"valkey": "redis", "valkeys": "rediss"}
+
+
+def as_redis(scheme: str) -> str:
+    """The redis-py scheme of `scheme` ("valkeys+cluster" -> "rediss+cluster")."""
+    base, plus, mode = scheme.partition("+")
+    return _AS_REDIS.get(base, base) + plus + mode
+
 #: Connection options the limiter sets itself on every kind of store: a URL may not loosen
 #: them, since a limiter on every request must answer within its timeouts or step aside.
 LIMITER_OWNED_OPTIONS = {
@@ -131,6 +141,7 @@ def _database_path(split: SplitResult, shown: str) -> None:
 
 
 def parse_server(value: str, shown: str, scheme: str, rest: str) -> RedisURL:
+    scheme = as_redis(scheme)
     split = urlsplit(f"{scheme}://{rest}")
     _database_path(split, shown)
     if not split.hostname:
@@ -151,7 +162,7 @@ def parse_socket(value: str, shown: str, scheme: str, rest: str) -> RedisURL:
 
 
 def parse_cluster(value: str, shown: str, scheme: str, rest: str) -> RedisURL:
-    base = scheme.removesuffix("+cluster")
+    base = as_redis(scheme).removesuffix("+cluster")
     split = urlsplit(f"{base}://{rest}")
     _database_path(split, shown)
     userinfo, at, hosts = split.netloc.rpartition("@")

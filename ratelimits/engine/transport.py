@@ -44,6 +44,7 @@ __all__ = [
     "aguarded",
     "aperform",
     "engine_error",
+    "error_code",
     "failed",
     "guard",
     "guarded",
@@ -64,6 +65,10 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     RedisClusterException,
     ClusterDownError,
 )
+#: Error codes (a reply's first word) that mean the same when redis-py has no class for
+#: them: BUSY, a script running past the server's busy threshold (every call waits for
+#: it, as Redis and Valkey both say, each in its own words after the code).
+UNAVAILABLE_CODES = frozenset({"BUSY"})
 #: Everything a store call may fail with: redis-py's errors, and the cluster client's.
 STORE_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
@@ -469,6 +474,19 @@ def engine_error(exc: BaseException) -> EngineError:
     """What a store error means to the engine's callers, the one mapping of all its
     calls: EngineUnavailable when the store is out of reach (`UNAVAILABLE_ERRORS`),
     EngineError for an error of the call itself."""
-    if isinstance(exc, UNAVAILABLE_ERRORS):
+    if isinstance(exc, UNAVAILABLE_ERRORS) or error_code(exc) in UNAVAILABLE_CODES:
         return EngineUnavailable(str(exc) or type(exc).__name__)
     return EngineError(str(exc))
+
+
+def error_code(exc: BaseException) -> str:
+    """The code of a server's error reply, its first word ("BUSY", "NOSCRIPT"): what
+    servers of the protocol agree on, where their wording after it differs. "" for an
+    error that is not a reply, or one whose code redis-py took off (it gave a class)."""
+    if type(exc) is not redis.ResponseError:
+        return ""
+    code = getattr(exc, "status_code", None)  # redis-py 6 and later keep it
+    if code:
+        return str(code)
+    word = str(exc).split(" ", 1)[0]
+    return word if word.isupper() else ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from ratelimits.engine.cluster_fanout import REFRESH_EVERY
 from ratelimits.engine.keynames import base_key
 from tests.engine.test_cluster_faults import TIMEOUT, _client, _errorstat, _racer, _wait_for
 from tests.redis_cluster import RedisCluster
+from tests.redis_server import cli_binary
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def test_redis_cli_reshard_to_a_new_primary_keeps_eight_racing_processes_exact(c
         before = calls.value
         began = time.monotonic()
         reshard = subprocess.run(
-            [shutil.which("redis-cli") or "redis-cli", "--cluster", "reshard",
+            [cli_binary(), "--cluster", "reshard",
              f"127.0.0.1:{sources[0]}",
              "--cluster-from", ",".join(small.node_id(p) for p in sources),
              "--cluster-to", small.node_id(new),

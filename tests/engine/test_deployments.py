@@ -26,6 +26,10 @@ EXAMPLES = {
     "unix": "unix:///run/redis.sock",
     "redis+cluster": "redis+cluster://a:7000,b:7001",
     "rediss+cluster": "rediss+cluster://a:7000",
+    "valkey": "valkey://h:6379/0",
+    "valkeys": "valkeys://h:6380/1",
+    "valkey+cluster": "valkey+cluster://a:7000,b:7001",
+    "valkeys+cluster": "valkeys+cluster://a:7000",
 }
 
 

@@ -5,15 +5,19 @@ Each test runs its own redis-server and drives real requests through the middlew
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import threading
 import time
 
 import pytest
 import redis
 from django.test import override_settings
 
+from ratelimits.engine.errors import CircuitOpen, EngineUnavailable
 from ratelimits.engine.local_first import HOLD
+from ratelimits.pipeline.engines import get_engine
 from ratelimits.testing import Clock
 from tests.redis_server import RedisProcess
 
@@ -192,3 +196,63 @@ def test_local_share_never_drops_below_one_request():
     # a batch above the share would make no valid limit: it is cut to the share
     assert local_share(Limit("c", "fixed_window", 30, 1, batch=10), 4).batch == 8
     assert local_share(Limit("c", "fixed_window", 30, 1, batch=5), 4).batch == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("on_error", "status"), [("allow", 200), ("deny", 503)])
+def test_a_server_busy_with_a_script_is_out_of_reach(
+    client, make_policy, settings, on_error, status, caplog, clock
+):
+    # another client's script runs past the busy threshold: the server answers every other
+    # call with BUSY (in Redis's words or Valkey's) until it ends or is killed
+    busy = RedisProcess(extra_args=("--busy-reply-threshold", "50")).start()
+    runner = None
+    try:
+        settings.CACHES = {
+            **settings.CACHES,
+            "default": {**settings.CACHES["default"], "LOCATION": busy.url},
+        }
+        settings.RATELIMITS = {**settings.RATELIMITS, "BREAKER_COOLDOWN": COOLDOWN}
+        make_policy(name=f"busy-{on_error}", limit=2, path="/hello/", on_error=on_error)
+        assert timed(client, "/hello/", 1)[0] == [200]
+        direct = redis.Redis.from_url(busy.url, socket_timeout=5)
+        runner = threading.Thread(target=_spin, args=(busy.url,), daemon=True)
+        runner.start()
+        _wait_busy(direct)
+        with pytest.raises(EngineUnavailable) as raised:  # the store out of reach, by code
+            get_engine().read_version()
+        assert not isinstance(raised.value, CircuitOpen)  # the server's own answer
+        with caplog.at_level(logging.WARNING, "ratelimits"):
+            statuses, worst = timed(client, "/hello/", 5)
+        assert statuses == [status] * 5
+        assert worst < WORST_ALLOWED
+        # an outage, said once, not an error of the call logged per request
+        assert caplog.text.count("store is unavailable") == 1
+        direct.script_kill()
+        runner.join(5)
+        clock.advance(COOLDOWN)
+        until_enforced(client, "/hello/", admitted=1, clock=clock)  # the count was kept
+    finally:
+        if runner is not None and runner.is_alive():
+            with contextlib.suppress(redis.RedisError):
+                redis.Redis.from_url(busy.url, socket_timeout=5).script_kill()
+        busy.stop()
+
+
+def _spin(url: str) -> None:
+    """A read-only script that loops until SCRIPT KILL ends it."""
+    with contextlib.suppress(redis.RedisError):
+        redis.Redis.from_url(url, socket_timeout=30).eval("while true do end", 0)
+
+
+def _wait_busy(direct: redis.Redis, deadline: float = 10.0) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            direct.ping()
+        except redis.ResponseError as exc:
+            if str(exc).startswith("BUSY"):
+                return
+            raise
+        time.sleep(0.02)
+    raise AssertionError("the server never said BUSY")

@@ -7,7 +7,6 @@ refused with a message that says what to fix, without ever echoing a password.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from tests.pipeline.test_promises_store import (  # noqa: F401  (fixtures)
     tls_redis,
 )
 from tests.redis_cluster import RedisCluster
-from tests.redis_server import free_port
+from tests.redis_server import STORE, free_port, server_binary
 
 PASSWORD = "url-s3cret"
 
@@ -124,6 +123,25 @@ def test_good_urls_are_read_as_redis_py_reads_them():
     assert dict(url.options) == {"password": "pw", "ssl": True}
 
 
+@pytest.mark.parametrize(("valkey", "redis_twin"), [
+    ("valkey://u:pw@h:7001/3", "redis://u:pw@h:7001/3"),
+    ("valkeys://h:7001/3?ssl_cert_reqs=none", "rediss://h:7001/3?ssl_cert_reqs=none"),
+    ("VALKEY://h", "redis://h"),
+    ("valkey+cluster://:pw@10.0.0.1:7000,n", "redis+cluster://:pw@10.0.0.1:7000,n"),
+    ("valkeys+cluster://10.0.0.1:7000", "rediss+cluster://10.0.0.1:7000"),
+])
+def test_a_valkey_url_reads_as_its_redis_twin(valkey, redis_twin):
+    read, twin = (build_config({"REDIS_URL": u})["REDIS_URL"] for u in (valkey, redis_twin))
+    assert (read.kind, read.nodes, dict(read.options)) == (
+        twin.kind, twin.nodes, dict(twin.options))
+    assert read.url == valkey  # as the operator wrote it, for messages
+
+
+def test_a_bad_valkey_url_is_refused_in_its_own_words():
+    with pytest.raises(ImproperlyConfigured, match="'valkey://' names no host"):
+        build_config({"REDIS_URL": "valkey://"})
+
+
 # -- one server with a password, on db 3 ---------------------------------------------------
 
 
@@ -138,7 +156,8 @@ def locked_server(private_redis):
 def test_decisions_land_in_the_urls_database_not_the_caches(
     client, make_policy, locked_server, settings, redis_client
 ):
-    use_url(settings, f"redis://:{PASSWORD}@127.0.0.1:{locked_server.port}/3")
+    # the scheme of the server the suite runs on: valkey:// on Valkey (`make test-valkey`)
+    use_url(settings, f"{STORE}://:{PASSWORD}@127.0.0.1:{locked_server.port}/3")
     assert is_shared()
     kwargs = get_engine().client.connection_pool.connection_kwargs
     assert (kwargs["port"], kwargs["db"], kwargs["password"]) == (locked_server.port, 3, PASSWORD)
@@ -182,9 +201,7 @@ def test_the_url_wins_over_the_cache_alias_for_the_system_checks(settings):
 @pytest.fixture
 def socket_server(tmp_path_factory):
     """A redis-server listening on a unix socket only (`--port 0`)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("the unix socket test needs redis-server (apt-get install redis-server)")
+    binary = server_binary()
     workdir = tmp_path_factory.mktemp("sock")
     path = workdir / "redis.sock"
     proc = subprocess.Popen(
@@ -229,7 +246,7 @@ def test_decisions_land_on_the_tls_server_with_the_urls_certificates(
     server, tls_port = tls_redis
     options = tls_options(certificates)
     query = "&".join(f"{k}={v}" for k, v in options.items())
-    use_url(settings, f"rediss://127.0.0.1:{tls_port}/2?{query}")
+    use_url(settings, f"{STORE}s://127.0.0.1:{tls_port}/2?{query}")
     pool = get_engine().client.connection_pool
     assert issubclass(pool.connection_class, redis.SSLConnection)
     assert {k: pool.connection_kwargs[k] for k in options} == options
@@ -404,7 +421,8 @@ def test_the_settings_page_documents_every_scheme():
     page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
     section = page.split("\n### `REDIS_URL`\n", 1)[1].split("\n### ", 1)[0]
     schemes = [s for mode in deployments.DEPLOYMENTS.values() for s in mode.schemes]
-    assert schemes == ["redis", "rediss", "unix", "redis+cluster", "rediss+cluster"]
+    assert schemes == ["redis", "rediss", "valkey", "valkeys", "unix", "redis+cluster",
+                       "rediss+cluster", "valkey+cluster", "valkeys+cluster"]
     for scheme in schemes:
         assert f"{scheme}://" in section
 

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 from django_redis.pool import ConnectionFactory
 
-from tests.redis_server import RedisProcess, free_port, wait_replicated
+from tests.redis_server import RedisProcess, free_port, server_binary, wait_replicated
 
 SERVICE = "rl-master"
 
@@ -34,7 +34,7 @@ class SentinelProcess:
                 f"sentinel failover-timeout {SERVICE} 5000\n"
             )
         self.proc = subprocess.Popen(
-            [shutil.which("redis-server"), config, "--sentinel"],
+            [server_binary(), config, "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -18,7 +18,9 @@ local function tat_refund(key, now, L, P, c, written)
   -- time; moving such a TAT back would give away capacity this request never took. So
   -- the TAT moves back only while it is still the one this charge wrote, and never below
   -- now (a TAT in the past is an idle key).
-  if redis.call('GET', key) ~= written then return end
+  -- (compared as numbers: see the token bucket's refund)
+  local stored = redis.call('GET', key)
+  if not stored or tonumber(stored) ~= tonumber(written) then return end
   local tat = tonumber(written) - c * P / L
   if tat <= now then
     redis.call('DEL', key)

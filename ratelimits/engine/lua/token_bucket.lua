@@ -25,7 +25,9 @@ redis.call('PEXPIRE', key, ttl_ms(r[3]))
 -- s1, s2: the tokens and time the charge stored. Only while the bucket still holds them
 -- is adding the tokens back exact; once another request refilled it in between, the cap
 -- may already have absorbed them, so the charge stays (under-admission, never over).
+-- Compared as numbers: the server wrote them as text in its own way (Redis 7 with
+-- %.17g, Valkey 8 the shortest text that reads back the same), not as fmt did.
 local s = redis.call('HMGET', key, 't', 'ts')
-if s[1] == s1 and s[2] == s2 then
+if s[1] and tonumber(s[1]) == tonumber(s1) and tonumber(s[2]) == tonumber(s2) then
   redis.call('HSET', key, 't', math.min(B, tonumber(s1) + c))
 end
