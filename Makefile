@@ -66,7 +66,7 @@ $(VALKEY):
 	apt-get update
 	apt-get install -y --no-install-recommends -t bookworm-backports valkey-server valkey-tools
 
-test-valkey: $(STAMP) $(VALKEY)
+test-valkey: $(STAMP) $(VALKEY) $(CHROMIUM)
 	RATELIMITS_TEST_STORE=valkey $(BIN)/python -m pytest $(TEST_JOBS) \
 	  --deselect tests/test_browser.py
 
