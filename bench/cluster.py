@@ -14,13 +14,18 @@ the run's private redis-server; never the machine's own Redis. Measures:
 - commands and nodes per request, counted by the servers themselves;
 - a projection, labelled as such, from the servers' µs per decision to what N cores
   (one primary each) would carry. Seven redis-servers share this machine's cores, so the
-  run cannot show scaling itself.
+  run cannot show scaling itself;
+- the whole middleware path on the cluster (`REDIS_URL=redis+cluster://`) beside a bare
+  `limits` hit on the same cluster (`RedisClusterStorage`), in a child process of its own
+  (its Django settings name the cluster).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -237,6 +242,23 @@ def run(quick: bool = False) -> Section:
                 ["script (1 limit)", "measured decisions/s", "±", "server µs per decision",
                  "projected, 1 primary on 1 core /s", "8 primaries, a core each /s",
                  "32 primaries /s"], cap_rows))
+        # -- the whole middleware path on the cluster, beside `limits` ---------------------
+        path = _middleware_rates(cluster.url, quick)
+        ours, theirs = median(path[MIDDLEWARE]), median(path[LIMITS])
+        section.add(
+            "The whole request path on the cluster, one process, one thread: "
+            "`RateLimitMiddleware` around a view returning a short `HttpResponse`, a "
+            "RequestFactory GET, one enforced `fixed_window` policy of 10⁹ per minute on key "
+            "`ip`, `REDIS_URL` naming the cluster; beside `limits`' `hit()` of "
+            "`1000000/minute` on `RedisClusterStorage` of the same cluster, its faster "
+            f"strategy (fixed or sliding window counter), no request object at all. Median "
+            f"of {len(path[MIDDLEWARE])} interleaved rounds.\n\n"
+            + table(["case", "per second", "±", "µs per call"],
+                    [[name, fmt_rate(median(v)), spread(v), f"{1e6 / median(v):.1f}"]
+                     for name, v in path.items()])
+        )
+        checks.append(Check("whole middleware path on the cluster vs a bare `limits` hit "
+                            "on it", ours / theirs, "≥ 1.0×", ours / theirs >= 1.0))
         section.checks += checks
         engine.close()
         client.close()
@@ -246,5 +268,76 @@ def run(quick: bool = False) -> Section:
     return section
 
 
+MIDDLEWARE = "middleware, 1 enforced policy, decided on the cluster"
+LIMITS = "`limits` bare hit on the cluster, its faster strategy"
+
+
+def _middleware_rates(cluster_url: str, quick: bool) -> dict[str, list[float]]:
+    """Per second, per round: the middleware path and a `limits` hit on the cluster."""
+    child = subprocess.run(
+        [sys.executable, __file__, "--middleware-child", cluster_url,
+         *(["--quick"] if quick else [])],
+        capture_output=True, text=True, env=dict(os.environ), check=False,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"cluster middleware bench failed:\n{child.stderr}")
+    rates: dict[str, list[float]] = json.loads(child.stdout.strip().splitlines()[-1])
+    return rates
+
+
+def _middleware_child(cluster_url: str, quick: bool) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        SECRET_KEY="bench", DEBUG=False, USE_TZ=True, ALLOWED_HOSTS=["*"],
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "ratelimits"],
+        CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+        RATELIMITS={"KEY_PREFIX": "bench-rl:", "REDIS_URL": cluster_url},
+        LOGGING_CONFIG=None,
+    )
+    django.setup()
+    from django.core.management import call_command
+    from django.db import transaction
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from limits import parse, strategies
+    from limits.storage import RedisClusterStorage
+
+    from ratelimits.middleware import RateLimitMiddleware
+    from ratelimits.models import Policy
+
+    call_command("migrate", verbosity=0)
+    with transaction.atomic():
+        Policy.objects.create(name="bench", mode="enforce", algorithm="fixed_window",
+                              limit=10**9, period=60, key="ip", path="*")
+    rf = RequestFactory()
+    middleware = RateLimitMiddleware(lambda request: HttpResponse("hello"))
+    assert middleware(rf.get("/hello/")).status_code == 200
+    storage = RedisClusterStorage(cluster_url.replace("valkey+", "redis+", 1))
+    item = parse("1000000/minute")
+    fixed = strategies.FixedWindowRateLimiter(storage)
+    sliding = strategies.SlidingWindowCounterRateLimiter(storage)
+
+    def ours() -> None:
+        assert middleware(rf.get("/hello/")).status_code == 200
+
+    cases = {
+        MIDDLEWARE: ours,
+        "limits fixed": lambda: fixed.hit(item, "203.0.113.7"),
+        "limits sliding": lambda: sliding.hit(item, "203.0.113.7"),
+    }
+    rounds, seconds = (3, 0.2) if quick else (7, 0.5)
+    rates = interleaved(cases, rounds, seconds)
+    fixed_rates, sliding_rates = rates.pop("limits fixed"), rates.pop("limits sliding")
+    rates[LIMITS] = max(fixed_rates, sliding_rates, key=median)
+    print(json.dumps(rates))
+
+
 if __name__ == "__main__":
-    common.run_section(run)
+    if "--middleware-child" in sys.argv:
+        _middleware_child(sys.argv[sys.argv.index("--middleware-child") + 1],
+                          "--quick" in sys.argv)
+    else:
+        common.run_section(run)
