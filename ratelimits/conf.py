@@ -156,9 +156,14 @@ SETTINGS: dict[str, Setting] = {
     # out of the admin that would undo it. True: the admin is limited like any path.
     "LIMIT_ADMIN": Setting(False, _boolean),
     # The engine's own Redis timeouts, independent of the cache's: a limiter must answer
-    # fast or step aside (policies then follow their on_error).
-    "SOCKET_TIMEOUT": Setting(0.1, _timeout),
-    "CONNECT_TIMEOUT": Setting(0.1, _timeout),
+    # fast or step aside (policies then follow their on_error). Half a second: a local or
+    # LAN Redis answers in a millisecond, but on a machine whose cores are all busy the
+    # server waits its turn to run for tens of milliseconds, and a fork for a snapshot
+    # stalls it for more; 0.1 s ran out there, and on_error="allow" admitted past the
+    # limit. A dead store costs this wait only until the breaker opens (BREAKER_FAILURES
+    # calls per process), then once per cool-down; docs/settings.md says more.
+    "SOCKET_TIMEOUT": Setting(0.5, _timeout),
+    "CONNECT_TIMEOUT": Setting(0.5, _timeout),
     # After this many consecutive store failures, stop calling Redis for BREAKER_COOLDOWN
     # seconds (requests are decided per on_error without touching a socket), then probe.
     "BREAKER_FAILURES": Setting(3, _positive_int),
