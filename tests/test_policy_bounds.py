@@ -70,6 +70,17 @@ def test_max_wait_is_held_to_max_delay():
     assert "set the max wait to at most 5" in message
 
 
+def test_max_delay_is_at_most_a_minute():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from ratelimits.conf import build_config
+
+    assert build_config({"MAX_DELAY": 60})["MAX_DELAY"] == 60.0
+    with pytest.raises(ImproperlyConfigured, match=r"RATELIMITS\['MAX_DELAY'\] must be at "
+                       r"most 60 seconds, got 3600: a request held longer is cut off"):
+        build_config({"MAX_DELAY": 3600})
+
+
 def test_the_admin_shows_the_bound_on_the_field(admin_client):
     response = admin_client.post(URL + "add/", {**FORM, "period": 99999999999})
     assert response.status_code == 200  # the form again, with the error
