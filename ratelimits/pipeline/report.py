@@ -150,12 +150,13 @@ def log_unavailable(exc: Exception, config: Mapping[str, Any]) -> None:
 #: back, never one per request.
 FALLBACK_LOG_EVERY = 10.0
 
-#: What each on_error did to the request, as a line about it says.
+#: What each on_error did with the request, as a line about it says.
 _FALLBACK_EFFECT = {
-    "allow": "admitted, uncounted",
-    "deny": "refused with 503",
-    "local": "decided in this process with its share of the limit",
-    "shadow": "admitted: a shadow policy never refuses, whatever its on_error",
+    "allow": "admitted the request, uncounted",
+    "deny": "refused the request with 503",
+    "local": "decided the request in this process, with its share of the limit",
+    "shadow": "admitted the request: in shadow (or outside its rollout) a policy never "
+              "refuses, whatever its on_error",
 }
 
 
@@ -210,7 +211,7 @@ def log_fallback(decided: Iterable[tuple[Any, bool]], exc: Exception) -> None:
                  f"{ago:.0f} s since the last line about it)") if held else ""
         logger.warning(
             "ratelimits: policy %s decided by its on_error=%s: the store did not answer "
-            "(%s), so the request was %s%s",
+            "(%s), so it %s%s",
             policy.name, policy.on_error, cause,
             _FALLBACK_EFFECT.get(applied, applied), since,
             extra={"ratelimits_policy": policy.name, "ratelimits_on_error": policy.on_error,

@@ -63,10 +63,11 @@ def test_a_paused_store_is_logged_once_per_policy_then_with_the_count_held_back(
     assert allow.startswith("ratelimits: policy paused-allow decided by its on_error=allow: "
                             "the store did not answer (")
     assert "Timeout" in allow  # the cause: the reply timed out
-    assert allow.endswith("so the request was admitted, uncounted")
-    assert local.endswith("so the request was decided in this process with its share of "
+    assert allow.endswith("so it admitted the request, uncounted")
+    assert local.endswith("so it decided the request in this process, with its share of "
                           "the limit")
-    assert shadow.endswith("a shadow policy never refuses, whatever its on_error")
+    assert shadow.endswith("so it admitted the request: in shadow (or outside its rollout) a "
+                           "policy never refuses, whatever its on_error")
 
     (later,) = fallback_lines(caplog, "paused-allow")[1:]
     assert later.ratelimits_held_back == 19
