@@ -20,7 +20,7 @@ ratelimits.W007  DRF's NUM_PROXIES is set, which the compat throttles do not rea
                  read the client as the ip key does), and no TRUSTED_PROXIES are
 ratelimits.W008  the compat throttles read the client as DRF does (DRF_CLIENT_IP) with
                  NUM_PROXIES unset: X-Forwarded-For is taken from any client
-ratelimits.W009  a saved policy cannot run as saved: its call: key or cost function no
+ratelimits.W010  a saved policy cannot run as saved: its call: key or cost function no
                  longer imports, or its period or bucket is past a year (a database check)
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
@@ -438,6 +438,6 @@ def check_saved_policies(
             for field, found in errors.items())
         messages.append(checks.Warning(
             f"The policy {policy.name!r} ({policy.mode}) cannot run as saved. {wrong}",
-            hint=SAVED_HINT, obj=policy, id="ratelimits.W009"))
+            hint=SAVED_HINT, obj=policy, id="ratelimits.W010"))
     return messages
 

@@ -1,6 +1,6 @@
 """What the admin, a policy file and `full_clean()` accept must be able to run: a `call:`
 key or a cost function that imports, a period of at most a year, a bucket that refills
-within one; and `ratelimits.W009` for the rows saved before (or before a deploy renamed
+within one; and `ratelimits.W010` for the rows saved before (or before a deploy renamed
 the code they name)."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_an_import_refuses_a_call_key_that_cannot_run(tmp_path, key, says):
     assert f"policy 1 'x': key: {says}" in str(info.value).replace("\n", " ")
 
 
-# -- W009: rows that cannot run as saved -------------------------------------------------
+# -- W010: rows that cannot run as saved -------------------------------------------------
 
 
 @pytest.fixture
@@ -166,19 +166,19 @@ def module(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
-def w009() -> list:
-    return [m for m in run_checks(databases=["default"]) if m.id == "ratelimits.W009"]
+def w010() -> list:
+    return [m for m in run_checks(databases=["default"]) if m.id == "ratelimits.W010"]
 
 
-def test_w009_a_call_key_or_cost_function_that_no_longer_imports(module):
+def test_w010_a_call_key_or_cost_function_that_no_longer_imports(module):
     Policy(**{**FORM, "name": "tenant", "key": "call:rl_keys_of_this_test.tenant"}).full_clean()
     Policy.objects.create(**{**FORM, "name": "tenant", "key": "call:rl_keys_of_this_test.tenant"})
     Policy.objects.create(**{**FORM, "name": "rows", "mode": "shadow",
                              "cost_function": "rl_keys_of_this_test.rows"})
-    assert w009() == []
+    assert w010() == []
     module.renamed()
 
-    found = {m.obj.name: m for m in w009()}
+    found = {m.obj.name: m for m in w010()}
     assert set(found) == {"tenant", "rows"}
     assert found["tenant"].msg.startswith(
         "The policy 'tenant' (enforce) cannot run as saved. key: "
@@ -190,18 +190,18 @@ def test_w009_a_call_key_or_cost_function_that_no_longer_imports(module):
     assert found["rows"].msg.endswith("charged the policy's cost (1) instead, with an ERROR "
                                       "logged.")
     assert found["tenant"].hint.startswith("Change the policy in the admin")
-    assert "ratelimits.W009" not in {m.id for m in run_checks()}  # a database check
+    assert "ratelimits.W010" not in {m.id for m in run_checks()}  # a database check
 
 
-def test_w009_a_row_saved_before_the_bound():
+def test_w010_a_row_saved_before_the_bound():
     policy = Policy.objects.create(**{**FORM, "name": "forever"})
     Policy.objects.filter(pk=policy.pk).update(period=99999999999)  # as a row of old
-    (message,) = w009()
+    (message,) = w010()
     assert "period: A period of 99999999999 s is longer than a year" in message.msg
     assert message.msg.endswith("told to come back more than a year later.")
 
 
-def test_w009_is_quiet_before_migrate():
+def test_w010_is_quiet_before_migrate():
     with connection.cursor() as cursor:  # rolled back with the test's transaction
         cursor.execute("ALTER TABLE ratelimits_policy RENAME TO ratelimits_policy_gone")
-    assert w009() == []
+    assert w010() == []
