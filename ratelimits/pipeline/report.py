@@ -118,16 +118,6 @@ def report(request: Any, outcome: Any, sender: type) -> None:
         pending.append((signal, sender, kwargs))
 
 
-def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:
-    logger.error(
-        "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s",
-        policy.name,
-        path_of(request),
-        log_safe(exc),
-        policy.on_error,
-    )
-
-
 def log_unexpected(request: Any) -> None:
     logger.exception("ratelimits: unexpected error while evaluating %s", path_of(request))
 
@@ -207,8 +197,7 @@ def log_fallback(decided: Iterable[tuple[Any, bool]], exc: Exception) -> None:
         held, ago = admitted
         applied = "shadow" if shadow else policy.on_error
         cause = cause or log_safe(f"{type(exc).__name__}: {exc}")
-        since = (f" ({held} more request{'' if held == 1 else 's'} decided so in the "
-                 f"{ago:.0f} s since the last line about it)") if held else ""
+        since = _held_back(held, ago)
         logger.warning(
             "ratelimits: policy %s decided by its on_error=%s: the store did not answer "
             "(%s), so it %s%s",
@@ -217,3 +206,34 @@ def log_fallback(decided: Iterable[tuple[Any, bool]], exc: Exception) -> None:
             extra={"ratelimits_policy": policy.name, "ratelimits_on_error": policy.on_error,
                    "ratelimits_fallback": applied, "ratelimits_held_back": held},
         )
+
+
+identity_lines = LogThrottle(FALLBACK_LOG_EVERY)
+runtime.on_reset(identity_lines.reset)
+
+
+def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:
+    """An ERROR when a policy's key could not be read (a key function raised): at most one
+    per policy every `FALLBACK_LOG_EVERY` seconds, counting the requests held back, since
+    a function that fails fails on every request."""
+    admitted = identity_lines.admit(policy.name, runtime.clock().monotonic())
+    if admitted is None:
+        return
+    held, ago = admitted
+    logger.error(
+        "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s%s",
+        policy.name,
+        path_of(request),
+        log_safe(exc),
+        policy.on_error,
+        _held_back(held, ago),
+    )
+
+
+def _held_back(held: int, ago: float) -> str:
+    """What a rate-limited line adds: the lines held back since the last one."""
+    if not held:
+        return ""
+    return (f" ({held} more such request{'' if held == 1 else 's'} in the {ago:.0f} s "
+            "since the last line about it)")
+

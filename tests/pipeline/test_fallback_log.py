@@ -72,7 +72,7 @@ def test_a_paused_store_is_logged_once_per_policy_then_with_the_count_held_back(
     (later,) = fallback_lines(caplog, "paused-allow")[1:]
     assert later.ratelimits_held_back == 19
     assert later.getMessage().endswith(
-        f"(19 more requests decided so in the {FALLBACK_LOG_EVERY:.0f} s since the last "
+        f"(19 more such requests in the {FALLBACK_LOG_EVERY:.0f} s since the last "
         "line about it)")
 
 
@@ -102,3 +102,26 @@ def test_the_default_timeout_outlasts_a_slow_reply(client, make_policy, server, 
     assert took >= held * 0.75  # the reply was held back indeed
     assert fallback_lines(caplog, "slow") == []
     assert "store is unavailable" not in caplog.text
+
+
+def failing_key(request):
+    """A key function of the site's that fails on every request (a `call:` key)."""
+    raise LookupError("no tenant header")
+
+
+def test_a_key_function_that_fails_is_logged_once_per_policy_then_with_the_count(
+    client, make_policy, clock, caplog
+):
+    make_policy(name="tenants", limit=50, path="/hello/", on_error="allow",
+                key="call:tests.pipeline.test_fallback_log.failing_key")
+    with caplog.at_level(logging.DEBUG, "ratelimits"):
+        assert [client.get("/hello/").status_code for _ in range(5)] == [200] * 5
+        clock.advance(FALLBACK_LOG_EVERY)
+        assert client.get("/hello/").status_code == 200
+    lines = [r.getMessage() for r in caplog.records
+             if r.levelno == logging.ERROR and "could not identify" in r.getMessage()]
+    first = ("ratelimits: policy tenants could not identify the client on /hello/ "
+             "(tests.pipeline.test_fallback_log.failing_key raised LookupError: no tenant "
+             "header); on_error=allow")
+    assert lines == [first, first + f" (4 more such requests in the "
+                     f"{FALLBACK_LOG_EVERY:.0f} s since the last line about it)"]
