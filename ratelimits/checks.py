@@ -20,6 +20,8 @@ ratelimits.W007  DRF's NUM_PROXIES is set, which the compat throttles do not rea
                  read the client as the ip key does), and no TRUSTED_PROXIES are
 ratelimits.W008  the compat throttles read the client as DRF does (DRF_CLIENT_IP) with
                  NUM_PROXIES unset: X-Forwarded-For is taken from any client
+ratelimits.W010  a saved policy cannot run as saved: its call: key or cost function no
+                 longer imports, or its period or bucket is past a year (a database check)
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
 and how to fix it.
@@ -387,3 +389,55 @@ def check_declared_lockouts(app_configs: Any = None, **kwargs: Any
         for policy in (d.policy() for d in list(registry.declared.values()))
         if aims_lockout(policy)
     ]
+
+
+# -- saved policies that cannot run as saved --------------------------------------------
+
+#: What the request path does with a saved policy's field that `saved_policy_errors`
+#: finds wrong, by field.
+_SAVED_EFFECT = {
+    "key": "each request it matches is decided by its on_error ({on_error}), with an "
+           "ERROR logged each time",
+    "cost_function": "each request it matches is charged the policy's cost ({cost}) "
+                     "instead, with an ERROR logged",
+    "period": "a client it refuses may be told to come back more than a year later",
+    "burst": "a client it refuses may be told to come back more than a year later",
+}
+
+#: What to do about a policy that `check_saved_policies` reports.
+SAVED_HINT = (
+    "Change the policy in the admin (it refuses to save it as it is, and says what to "
+    "write), or deploy the code it names; `manage.py ratelimits export` shows it whole."
+)
+
+
+@checks.register(checks.Tags.database)
+def check_saved_policies(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Policies of the admin's whose row the request path cannot honour
+    (`models.saved_policy_errors`): saved before the code they name was renamed or
+    removed, or before a bound. A database check, as W004 is: it runs with `manage.py
+    check --database default` and before `migrate`, so a deploy that renamed a function
+    hears of it."""
+    if not databases:
+        return []
+    from ratelimits.models import Policy, saved_policy_errors  # see locks_out_admin
+
+    try:
+        policies = list(Policy.objects.filter(declared=False))  # code declares the others
+    except DatabaseError:
+        return []  # not migrated yet
+    messages: list[checks.CheckMessage] = []
+    for policy in policies:
+        errors = saved_policy_errors(policy)
+        if not errors:
+            continue
+        wrong = " ".join(
+            f"{field}: {' '.join(found)} So {_SAVED_EFFECT[field].format(**vars(policy))}."
+            for field, found in errors.items())
+        messages.append(checks.Warning(
+            f"The policy {policy.name!r} ({policy.mode}) cannot run as saved. {wrong}",
+            hint=SAVED_HINT, obj=policy, id="ratelimits.W010"))
+    return messages
+

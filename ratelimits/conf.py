@@ -61,6 +61,21 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
+#: The longest MAX_DELAY: a request held longer meets the proxies in front of the app
+#: (nginx's proxy_read_timeout, most load balancers' idle timeout: 60 s), which give up
+#: on it after it was charged.
+MAX_DELAY_MOST = 60.0
+
+
+def _max_delay(value: Any) -> float:
+    seconds = _seconds(value)
+    if seconds > MAX_DELAY_MOST:
+        raise ValueError(f"must be at most {MAX_DELAY_MOST:g} seconds, got {value!r}: a "
+                         "request held longer is cut off by the proxies in front of the "
+                         "app (nginx and most load balancers give up after 60 s)")
+    return seconds
+
+
 def _ipv6_prefix(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 128:
         raise ValueError(f"must be an integer prefix length from 1 to 128, got {value!r}")
@@ -142,7 +157,7 @@ SETTINGS: dict[str, Setting] = {
     # takes X-Forwarded-For from anyone).
     "DRF_CLIENT_IP": Setting("trusted_proxies", _drf_client_ip),
     # Longest a request is held for its turn (a leaky bucket's queue, a policy's max_wait).
-    "MAX_DELAY": Setting(5.0, _seconds),
+    "MAX_DELAY": Setting(5.0, _max_delay),
     # Requests that may wait for their turn at once in one process, and of one client;
     # beyond them a delayed request is refused at once with a 429 rather than wait.
     "MAX_WAITING": Setting(4, _positive_int),
@@ -156,9 +171,14 @@ SETTINGS: dict[str, Setting] = {
     # out of the admin that would undo it. True: the admin is limited like any path.
     "LIMIT_ADMIN": Setting(False, _boolean),
     # The engine's own Redis timeouts, independent of the cache's: a limiter must answer
-    # fast or step aside (policies then follow their on_error).
-    "SOCKET_TIMEOUT": Setting(0.1, _timeout),
-    "CONNECT_TIMEOUT": Setting(0.1, _timeout),
+    # fast or step aside (policies then follow their on_error). Half a second: a local or
+    # LAN Redis answers in a millisecond, but on a machine whose cores are all busy the
+    # server waits its turn to run for tens of milliseconds, and a fork for a snapshot
+    # stalls it for more; 0.1 s ran out there, and on_error="allow" admitted past the
+    # limit. A dead store costs this wait only until the breaker opens (BREAKER_FAILURES
+    # calls per process), then once per cool-down; docs/settings.md says more.
+    "SOCKET_TIMEOUT": Setting(0.5, _timeout),
+    "CONNECT_TIMEOUT": Setting(0.5, _timeout),
     # After this many consecutive store failures, stop calling Redis for BREAKER_COOLDOWN
     # seconds (requests are decided per on_error without touching a socket), then probe.
     "BREAKER_FAILURES": Setting(3, _positive_int),

@@ -16,17 +16,20 @@ from ratelimits.models.fields import (
 from ratelimits.models.override import Override
 from ratelimits.models.policy import Policy, PolicyDashboard, human_period
 from ratelimits.models.validation import (
+    MAX_PERIOD,
     NAME_RULE,
     cost_function_error,
     name_error,
     request_function_error,
     reset_error,
     rollout_error,
+    saved_policy_errors,
     split_methods,
 )
 
 __all__ = [
     "ALGORITHM_CHOICES",
+    "MAX_PERIOD",
     "NAME_RULE",
     "AlgorithmField",
     "Counting",
@@ -42,5 +45,6 @@ __all__ = [
     "request_function_error",
     "reset_error",
     "rollout_error",
+    "saved_policy_errors",
     "split_methods",
 ]

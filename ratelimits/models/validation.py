@@ -39,6 +39,13 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
 NAME_RULE = "Use letters, digits, '-', '_', '.' or ':' (it appears in logs and headers)."
 _SCOPE = re.compile(r"^[\w.:-]+$")
 
+#: The longest `period` (seconds): a year, a leap year's 366 days. Quotas are sold per
+#: day, month or year; a count kept longer is an account's balance, not a rate. It also
+#: bounds what a refused client is told (Retry-After): at most one period, two for a
+#: sliding window (its previous window still weighs), a bucket's refill, which is held to
+#: a year as well, or a lockout (at most 30 days, `MAX_LOCKOUT`).
+MAX_PERIOD = 366 * 86_400
+
 # Where each rule of `Limit` lands in the form: the message's first words name the field.
 _LIMIT_ERROR_FIELDS = (
     ("unknown algorithm", "algorithm"),
@@ -143,6 +150,33 @@ def request_function_error(path: str, example: str) -> str | None:
     return None
 
 
+def saved_policy_errors(policy: Policy) -> dict[str, list[str]]:
+    """What a saved policy holds that the request path cannot honour, by field (empty
+    when nothing): a `call:` key or a cost function that no longer imports (a deploy
+    renamed it), a period or a bucket past a year (a row saved before the bound). The
+    admin refuses each of them at save; a row may predate the code it names."""
+    errors: dict[str, list[str]] = {}
+
+    def add(field: str, message: str) -> None:
+        errors.setdefault(field, []).append(message)
+
+    try:
+        spec = parse_key((policy.key or "").strip())
+    except ValueError:
+        pass  # no key at all: the resolver skips the row, and logs why
+    else:
+        if spec.kind == "call":
+            error = request_function_error(spec.arg, "call:myapp.keys.tenant")
+            if error is not None:
+                add("key", error)
+    path = (policy.cost_function or "").strip()
+    error = cost_function_error(path) if path else None
+    if error is not None:
+        add("cost_function", error)
+    _check_bounds(policy, add)
+    return errors
+
+
 def split_methods(value: str) -> list[str]:
     """`"get, Post"` -> `["GET", "POST"]`; empty means every method."""
     return [m.strip().upper() for m in value.split(",") if m.strip()]
@@ -179,6 +213,7 @@ def policy_errors(policy: Policy) -> dict[str, list[str]]:
             "A per-process policy never calls the store, so it has no batch to lease; "
             "clear batch or count shared.",
         )
+    _check_bounds(policy, add)
     _check_rate(policy, add)
     return errors
 
@@ -244,6 +279,38 @@ def _check_learned(policy: Policy, add: Add) -> None:
             "matches in a process, not per client: set the key to global.")
     if policy.batch is not None:
         add("batch", "An adaptive policy never calls the store; clear batch.")
+
+
+def _check_bounds(policy: Policy, add: Add) -> None:
+    """A period of at most a year, and a bucket that refills within one: what a refused
+    client is told to wait for stays within them (`MAX_PERIOD`)."""
+    period, limit = policy.period, policy.limit
+    if not isinstance(period, int) or not isinstance(limit, int) or min(period, limit) < 1:
+        return  # the fields' own validators say what is wrong
+    if period > MAX_PERIOD:
+        add("period", f"A period of {period} s is longer than a year: set at most "
+            f"{MAX_PERIOD} (366 days). A refused client is told to come back when the "
+            f"period lets it, and nothing is counted for longer than a year; for a quota "
+            "per calendar day, week or month, choose the calendar instead.")
+        return
+    spec = REGISTRY.get(policy.algorithm)
+    if spec is None or not spec.has_burst or spec.delays or policy.burst == 0:
+        return  # a queue is held to MAX_DELAY (`_check_queue`); burst 0 has its message
+    capacity = policy.burst if isinstance(policy.burst, int) else limit
+    # a cold client is first paced at a third of the rate (`warmup`)
+    slowest = 3 if policy.warmup else 1
+    refill = capacity * period * slowest / limit
+    if refill > MAX_PERIOD:
+        longest = MAX_PERIOD * limit // (period * slowest)
+        fixes = [f"set the burst to at most {longest}"] if longest >= 1 else []
+        fixes += ["shorten the period or raise the limit"]
+        if slowest > 1:
+            fixes.append("clear the warm-up")
+        warm = " with a warm-up (a cold client at a third of the rate)" if slowest > 1 else ""
+        fix = "; ".join(fixes)
+        add("burst", f"A bucket of {capacity} at {limit} per {period} s{warm} takes "
+            f"{refill:.0f} s to refill, longer than a year ({MAX_PERIOD} s): a client that "
+            f"spent it would be told to wait as long. {fix[0].upper()}{fix[1:]}.")
 
 
 def _check_rate(policy: Policy, add: Add) -> None:

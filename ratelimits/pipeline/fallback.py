@@ -10,7 +10,7 @@ from typing import Any
 from ratelimits.engine.interfaces import Engine
 from ratelimits.engine.types import Limit
 from ratelimits.pipeline.engines import get_local_engine
-from ratelimits.pipeline.report import log_unavailable
+from ratelimits.pipeline.report import log_fallback, log_unavailable
 from ratelimits.pipeline.verdict import (
     ADMITTED,
     UNAVAILABLE,
@@ -42,6 +42,7 @@ def fallback(
     in-process engine's clock).
     """
     log_unavailable(exc, config)
+    log_fallback(((p.policy, p.limit.shadow) for p in planned), exc)
     if any(p.policy.on_error == "deny" and not p.limit.shadow for p in planned) or any(
         p.on_error == "deny" and not p.shadow for p in failed
     ):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -117,16 +118,6 @@ def report(request: Any, outcome: Any, sender: type) -> None:
         pending.append((signal, sender, kwargs))
 
 
-def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:
-    logger.error(
-        "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s",
-        policy.name,
-        path_of(request),
-        log_safe(exc),
-        policy.on_error,
-    )
-
-
 def log_unexpected(request: Any) -> None:
     logger.exception("ratelimits: unexpected error while evaluating %s", path_of(request))
 
@@ -142,3 +133,107 @@ def log_unavailable(exc: Exception, config: Mapping[str, Any]) -> None:
             "policies fall back to their on_error",
             exc,
         )
+
+
+#: Seconds between two lines about one policy decided by its on_error in one process: an
+#: outage logs a line per policy every so often, with a count of the requests it held
+#: back, never one per request.
+FALLBACK_LOG_EVERY = 10.0
+
+#: What each on_error did with the request, as a line about it says.
+_FALLBACK_EFFECT = {
+    "allow": "admitted the request, uncounted",
+    "deny": "refused the request with 503",
+    "local": "decided the request in this process, with its share of the limit",
+    "shadow": "admitted the request: in shadow (or outside its rollout) a policy never "
+              "refuses, whatever its on_error",
+}
+
+
+class LogThrottle:
+    """Per subject (a policy's name), when a line was last logged and how many were held
+    back since: a line passes once every `every` seconds. Thread-safe; its times are
+    `runtime.clock().monotonic()` readings."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def admit(self, subject: str, now: float) -> tuple[int, float] | None:
+        """None: hold this line back (it is counted). Else the lines held back since the
+        last one about `subject`, and how many seconds ago that one was (0, 0.0 for the
+        first)."""
+        with self._lock:
+            last = self._seen.get(subject)
+            if last is not None and now - last[0] < self.every:
+                self._seen[subject] = (last[0], last[1] + 1)
+                return None
+            self._seen[subject] = (now, 0)
+            return (0, 0.0) if last is None else (last[1], now - last[0])
+
+    def reset(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+fallback_lines = LogThrottle(FALLBACK_LOG_EVERY)
+runtime.on_reset(fallback_lines.reset)
+
+
+def log_fallback(decided: Iterable[tuple[Any, bool]], exc: Exception) -> None:
+    """A WARNING per policy whose request the store did not decide, so its on_error did:
+    which policy, what its on_error did, and why; at most one per policy every
+    `FALLBACK_LOG_EVERY` seconds, which counts the requests held back since the last.
+    `decided`: (the compiled policy, whether it decides as in shadow) pairs."""
+    if not logger.isEnabledFor(logging.WARNING):
+        return
+    now = runtime.clock().monotonic()
+    cause = None
+    for policy, shadow in decided:
+        admitted = fallback_lines.admit(policy.name, now)
+        if admitted is None:
+            continue
+        held, ago = admitted
+        applied = "shadow" if shadow else policy.on_error
+        cause = cause or log_safe(f"{type(exc).__name__}: {exc}")
+        since = _held_back(held, ago)
+        logger.warning(
+            "ratelimits: policy %s decided by its on_error=%s: the store did not answer "
+            "(%s), so it %s%s",
+            policy.name, policy.on_error, cause,
+            _FALLBACK_EFFECT.get(applied, applied), since,
+            extra={"ratelimits_policy": policy.name, "ratelimits_on_error": policy.on_error,
+                   "ratelimits_fallback": applied, "ratelimits_held_back": held},
+        )
+
+
+identity_lines = LogThrottle(FALLBACK_LOG_EVERY)
+runtime.on_reset(identity_lines.reset)
+
+
+def log_identity_error(request: Any, policy: Any, exc: Exception) -> None:
+    """An ERROR when a policy's key could not be read (a key function raised): at most one
+    per policy every `FALLBACK_LOG_EVERY` seconds, counting the requests held back, since
+    a function that fails fails on every request."""
+    admitted = identity_lines.admit(policy.name, runtime.clock().monotonic())
+    if admitted is None:
+        return
+    held, ago = admitted
+    logger.error(
+        "ratelimits: policy %s could not identify the client on %s (%s); on_error=%s%s",
+        policy.name,
+        path_of(request),
+        log_safe(exc),
+        policy.on_error,
+        _held_back(held, ago),
+    )
+
+
+def _held_back(held: int, ago: float) -> str:
+    """What a rate-limited line adds: the lines held back since the last one."""
+    if not held:
+        return ""
+    return (f" ({held} more such request{'' if held == 1 else 's'} in the {ago:.0f} s "
+            "since the last line about it)")
+

@@ -102,6 +102,21 @@ def test_reset_lets_a_refused_client_through_again(client, make_policy, key):
     assert client.get("/login/").status_code == 429  # other policies keep their state
 
 
+def test_reset_takes_the_client_after_the_policy_name_as_the_demo_page_writes_it(
+    client, make_policy
+):
+    """`ratelimits reset admin-login-failures 127.0.0.1`, as docs/demo.md has it."""
+    make_policy(name="hello-ip", limit=1, period=3600, path="/hello/")
+    assert [client.get("/hello/").status_code for _ in range(2)] == [200, 429]
+    out = run("reset", "hello-ip", "127.0.0.1")
+    assert out.startswith("Reset ip:127.0.0.1 under policy hello-ip")
+    assert client.get("/hello/").status_code == 200
+    assert "Reset ip:127.0.0.1" in run("reset", "hello-ip", "127.0.0.1", "--key", "127.0.0.1")
+    with pytest.raises(CommandError, match=r"two clients given, '127\.0\.0\.1' and --key "
+                       r"'127\.0\.0\.2': give one"):
+        run("reset", "hello-ip", "127.0.0.1", "--key", "127.0.0.2")
+
+
 def test_reset_without_a_key_refuses_and_names_recent_offenders(client, make_policy):
     make_policy(name="hello-ip", limit=1, period=3600, path="/hello/")
     client.get("/hello/")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from ratelimits.conf import SETTINGS
 from ratelimits.pipeline.engines import get_engine
 from tests.redis_server import RedisProcess, free_port
 
@@ -218,7 +219,8 @@ def test_the_limiter_speaks_tls_with_the_caches_certificates(
     assert issubclass(pool.connection_class, redis.SSLConnection)
     kwargs = pool.connection_kwargs
     assert {k: kwargs[k] for k in options} == options
-    assert kwargs["socket_timeout"] == 0.1  # the limiter's own timeouts, TLS or not
+    # the limiter's own timeouts, TLS or not
+    assert kwargs["socket_timeout"] == SETTINGS["SOCKET_TIMEOUT"].default
 
     make_policy(name="over-tls", limit=2, path="/hello/", on_error="deny")
     assert [client.get("/hello/").status_code for _ in range(3)] == [200, 200, 429]

@@ -47,9 +47,11 @@ def prefixed_keys(client: redis.Redis) -> set[str]:
     return {k.decode() for k in client.keys(f"{PREFIX}*")}
 
 
-def assert_limiter_options(kwargs, socket_timeout: float = 0.1) -> None:
-    assert kwargs["socket_timeout"] == socket_timeout
-    # the suite's settings give a connect a second (tests/settings.py), not the default 0.1
+def assert_limiter_options(kwargs, socket_timeout: float | None = None) -> None:
+    from ratelimits.conf import SETTINGS
+
+    assert kwargs["socket_timeout"] == (socket_timeout or SETTINGS["SOCKET_TIMEOUT"].default)
+    # the suite's settings give a connect a second (tests/settings.py), not the default
     assert kwargs["socket_connect_timeout"] == django_settings.RATELIMITS["CONNECT_TIMEOUT"]
     assert kwargs["retry"].get_retries() == 0
     assert not kwargs.get("retry_on_timeout")

@@ -1,5 +1,5 @@
-"""`manage.py ratelimits reset <policy> --key <identity>`: forget one client's state
-under one policy."""
+"""`manage.py ratelimits reset <policy> --key <identity>` (or `reset <policy>
+<identity>`): forget one client's state under one policy."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ from ratelimits.pipeline.compiled import compile_policy
 def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("policy", help="The policy name.")
     parser.add_argument(
+        "client", nargs="?",
+        help="The client, as --key takes it: `reset login-ip 203.0.113.9` is "
+        "`reset login-ip --key 203.0.113.9`.",
+    )
+    parser.add_argument(
         "--key",
         help="The client identity as logs and `status` show it (ip:203.0.113.9, user:7, "
         "header:k-123); the bare value works too (203.0.113.9, 7).",
@@ -27,7 +32,11 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 
 def handle(command: BaseCommand, *, policy: str, key: str | None = None,
-           **_: object) -> None:
+           client: str | None = None, **_: object) -> None:
+    if client is not None and key is not None and client != key:
+        raise CommandError(f"two clients given, {client!r} and --key {key!r}: give one, "
+                           "after the policy name or as --key")
+    key = key if key is not None else client
     row = policy_named(policy)
     _check_valid(row)
     if not engines.is_shared():

@@ -1,8 +1,12 @@
 """`manage.py ratelimits status [--json]`: every policy with its last hour of traffic.
 
-The figures are the store's counters, all processes together. With the in-process engine
-each server process counts in its own memory, out of a command's reach: the policies are
-listed without figures, and one line says why (never zeros that look like an idle site).
+The figures are the store's counters, all processes together. A server process counts in
+memory and sends its counts to the store within a second (`engine.tally.FLUSH_EVERY`), so
+the command first gives them that second: the figures count every request answered before
+it started (`--no-wait` reads at once, without the last second). With the in-process
+engine each server process counts in its own memory, out of a command's reach: the
+policies are listed without figures, and one line says why (never zeros that look like an
+idle site).
 """
 
 from __future__ import annotations
@@ -12,12 +16,19 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ratelimits import runtime
+from ratelimits.engine.tally import FLUSH_EVERY
 from ratelimits.management.subcommands.subcommand import Subcommand
 from ratelimits.management.subcommands.text import count, dumps, table
 from ratelimits.models import Policy
 from ratelimits.ops import observe
 from ratelimits.ops.dashboard import UNKNOWN, percent
 from ratelimits.pipeline import engines
+
+#: How long the command lets the server processes send what they counted before it reads
+#: the store: each sends its counts `FLUSH_EVERY` after counting them; the rest is time for
+#: that send on a busy machine.
+SETTLE = FLUSH_EVERY + 0.5
 
 #: The scope column of a policy tied to no DRF scope (it sees what the middleware sees).
 NO_SCOPE = "-"
@@ -37,14 +48,21 @@ IN_PROCESS = (
 
 def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+    parser.add_argument(
+        "--no-wait", action="store_false", dest="wait",
+        help=f"Read the counters at once, without the {SETTLE:g} s in which the server "
+        "processes send the counts of the requests they have just answered.")
 
 
-def handle(command: BaseCommand, *, json: bool = False, **_: object) -> None:
+def handle(command: BaseCommand, *, json: bool = False, wait: bool = True,
+           **_: object) -> None:
     policies = list(Policy.objects.order_by("-priority", "name"))  # the admin's order
     shared = engines.is_shared()
     error = None
     counts: dict[str, observe.PolicyCounts] = {}
     if shared:  # in process, this command's own engine has counted nothing: not read
+        if wait:  # what the servers counted until now reaches the store meanwhile
+            runtime.clock().sleep(SETTLE)
         try:
             counts = observe.last_hour([p.name for p in policies])
         except Exception as exc:  # the store is down: still show the policies
