@@ -150,4 +150,5 @@ def _write_declared(sender: Any, using: str | None = None, **kwargs: Any) -> Non
         get_resolver().url_patterns  # noqa: B018  (the import is the point)
     except Exception as exc:  # a broken URLconf is for runserver to report
         logger.warning("ratelimits: could not import the URLconf to find @ratelimit (%s)", exc)
+    registry.find()  # the DRF compat throttles of the routed views
     registry.write(force=True)
