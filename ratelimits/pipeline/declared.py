@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,10 @@ class Declaration:
     fields: tuple[tuple[str, Any], ...]  # CODE_FIELDS' values, then "mode"
     #: A function of the request giving its cost (`@ratelimit(cost=...)`), else None.
     cost_of: Callable[[Any], Any] | None = None
+    #: A function giving fields the operator owns that a new row starts with (a compat
+    #: layer's `on_error` from its library's setting), called when the row is made, so
+    #: it may read the settings; else None.
+    initial: Callable[[], Mapping[str, Any]] | None = None
 
     @property
     def scope(self) -> str:
@@ -66,7 +70,8 @@ class Declaration:
         from ratelimits.models import Policy
 
         if row is None:
-            row = Policy(name=self.name, mode=self.mode, declared=True)
+            start = {} if self.initial is None else dict(self.initial())
+            row = Policy(name=self.name, mode=self.mode, declared=True, **start)
         for name, value in self.code.items():
             setattr(row, name, value)
         return row
@@ -112,14 +117,16 @@ class Registry:
 
     def declare(
         self, name: str, mode: str, *, reader: Callable[[Any], Any] | None = None,
-        cost_of: Callable[[Any], Any] | None = None, replace: bool = False, **code: Any
+        cost_of: Callable[[Any], Any] | None = None, replace: bool = False,
+        initial: Callable[[], Mapping[str, Any]] | None = None, **code: Any
     ) -> Declaration:
         """Register a declaration; ImproperlyConfigured when it is invalid or the same
         name was declared with other figures (two views may share one declaration),
         unless `replace`: then the new figures apply from the next request on (a rate
         read from settings that changed). `reader`, a function of the request,
         identifies the client instead of `key` (which becomes `code:<name>`); `cost_of`,
-        a function of the request, gives its cost instead of `cost`."""
+        a function of the request, gives its cost instead of `cost`; `initial` gives the
+        operator's fields a new row starts with (see `Declaration.initial`)."""
         from ratelimits.models import Mode  # not at the top: see `Declaration.policy`
 
         if reader is not None:
@@ -136,7 +143,7 @@ class Registry:
                 f"{', '.join(Mode.values)}"
             )
         declaration = Declaration(name, (*((k, code[k]) for k in CODE_FIELDS), ("mode", mode)),
-                                  cost_of)
+                                  cost_of, initial)
         policy = declaration.policy()
         try:
             policy.full_clean(validate_unique=False)
@@ -147,7 +154,8 @@ class Registry:
             raise ImproperlyConfigured(f"@ratelimit(name={name!r}): {problems}") from None
         # clean() normalises (methods "post" -> "POST"): keep what it made of them
         declaration = Declaration(
-            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode)), cost_of
+            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode)), cost_of,
+            initial,
         )
         with self._lock:
             known = self.declared.get(name)

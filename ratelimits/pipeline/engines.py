@@ -21,7 +21,7 @@ from django.dispatch import receiver
 from django_redis import get_redis_connection
 
 from ratelimits import runtime
-from ratelimits.conf import get_config
+from ratelimits.conf import UPSTREAM_CACHE, get_config
 from ratelimits.engine.adaptive import AdaptiveEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.deployments import (
@@ -239,5 +239,5 @@ def reset_engines() -> None:
 
 @receiver(setting_changed)
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("CACHES", "RATELIMITS"):
+    if setting in ("CACHES", "RATELIMITS", UPSTREAM_CACHE):
         reset_engines()
