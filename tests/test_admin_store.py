@@ -178,3 +178,39 @@ def test_a_form_save_or_delete_without_the_store_says_it_was_not_published(
     shown = [str(m) for m in response.context["messages"]]
     assert not Override.objects.filter(pk=override.pk).exists()
     assert any("could not be published" in m for m in shown), shown
+
+
+def test_requests_decided_by_on_error_are_counted_and_shown_once_the_store_answers(
+    admin_client, client, store, policies
+):
+    import time
+
+    from ratelimits.engine.errors import EngineError
+
+    store.proc.send_signal(signal.SIGSTOP)
+    try:
+        statuses = [client.get("/api/orders/").status_code for _ in range(4)]
+    finally:
+        store.proc.send_signal(signal.SIGCONT)
+    assert statuses == [503] * 4  # deny-login and deny-signup: on_error deny
+    # each process sends what it tallied once the store answers (the breaker may hold
+    # the first tries back for its cool-down)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            get_engine().flush()
+            break
+        except EngineError:
+            assert time.monotonic() < deadline, "the store never took the counts"
+            time.sleep(0.1)
+    listing = admin_client.get(URL)
+    cells = {p.name: p._hour for p in listing.context["cl"].result_list}
+    assert {name: c.fallback for name, c in cells.items()} == {
+        "deny-login": 4, "deny-signup": 4, "local-api": 4, "allow-search": 4,
+        "shadow-export": 4, "off-old": 0, "node-guard": 0}
+    assert "4 decided by its on_error (allow): the store did not answer" in (
+        listing.content.decode())
+    page = admin_client.get(f"{URL}{policies['allow-search'].pk}/change/").content.decode()
+    assert '<strong id="rl-fallback">4</strong> decided by its on_error (allow)' in page
+    dashboard = admin_client.get(f"{URL}dashboard/").content.decode()
+    assert '<td class="rl-fallback">4</td>' in dashboard

@@ -186,6 +186,11 @@ def hour_figures(policy: Policy, counts: observe.PolicyCounts) -> list[list[Figu
         admitted.append(Figure("rl-charged", short_count(counts.charged),
                                f"{counts.charged:,} charged after their response "
                                f"({policy.charge_on or 'charge on'})", "charged"))
+    if counts.fallback:
+        admitted.append(Figure("rl-fallback", short_count(counts.fallback),
+                               f"{counts.fallback:,} decided by its on_error "
+                               f"({policy.on_error}): the store did not answer",
+                               "on_error"))
     return [
         admitted,
         [*(Figure(css, short_count(n), f"{n:,} {long}", label)

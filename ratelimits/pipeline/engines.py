@@ -11,7 +11,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -202,6 +202,24 @@ def count_in_store(engine: Holder, decision: Decision, now: float | None) -> Non
         return
     if store is not engine:
         store.count_locally(decision, int((time.time() if now is None else now) * 1_000_000))
+
+
+#: The counter field of the requests a policy's `on_error` decided, the store being out
+#: of reach (what the admin shows as "decided by on_error").
+FALLBACK = "f"
+
+
+def count_fallback(names: Iterable[str], now: float | None) -> None:
+    """Count a request that each policy of `names` left to its `on_error`, the store not
+    answering: tallied in this process and sent to the store's counters once it answers
+    again (the tally keeps what it could not send), so the admin shows it."""
+    try:
+        store: Engine = get_engine()
+    except Exception:  # no engine to tally with: the count is lost, never the request
+        return
+    now_us = int((time.time() if now is None else now) * 1_000_000)
+    for name in names:
+        store.count_fields(name, now_us, {FALLBACK: 1})
 
 
 def install(engine: MemoryEngine) -> None:
