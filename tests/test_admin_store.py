@@ -214,3 +214,24 @@ def test_requests_decided_by_on_error_are_counted_and_shown_once_the_store_answe
     assert '<strong id="rl-fallback">4</strong> decided by its on_error (allow)' in page
     dashboard = admin_client.get(f"{URL}dashboard/").content.decode()
     assert '<td class="rl-fallback">4</td>' in dashboard
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_inside_a_request_wide_transaction_the_switch_says_what_happened_at_the_commit(
+    admin_client, store, policies, monkeypatch, published
+):
+    from django.db import connection
+
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    target = policies["deny-login"]
+    if not published:
+        store.stop()
+    response = admin_client.post(URL, {"action": "switch_to_shadow",
+                                       "_selected_action": [target.pk]}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    if published:
+        assert "Switched to shadow: deny-login." in shown
+    else:
+        assert not any(m.startswith("Switched to") for m in shown), shown
+        assert any(m.startswith("Mode shadow saved for deny-login, but could not be "
+                                "published") for m in shown), shown
