@@ -22,6 +22,9 @@ ratelimits.W008  the compat throttles read the client as DRF does (DRF_CLIENT_IP
                  NUM_PROXIES unset: X-Forwarded-For is taken from any client
 ratelimits.W010  a saved policy cannot run as saved: its call: key or cost function no
                  longer imports, or its period or bucket is past a year (a database check)
+ratelimits.E005  RATELIMIT_USE_CACHE (django-ratelimit's) names a cache every process
+                 shares that is not Redis: ratelimits would count in each process alone
+ratelimits.W009  RATELIMIT_USE_CACHE is set but not read: RATELIMITS names the store
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
 and how to fix it.
@@ -40,7 +43,7 @@ from django.db import DatabaseError
 from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
-from ratelimits.conf import build_config, setting_or_default
+from ratelimits.conf import UPSTREAM_CACHE, build_config, setting_or_default, user_settings
 from ratelimits.matching.paths import PathPattern, normalize_path
 from ratelimits.pipeline.engines import cache_backend, is_redis_backend
 from ratelimits.pipeline.metrics import available
@@ -53,7 +56,7 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     try:
-        config = build_config(getattr(settings, "RATELIMITS", None))
+        config = build_config(user_settings())
     except ImproperlyConfigured as exc:
         return [
             checks.Error(
@@ -99,10 +102,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return messages  # the engine's own Redis: CACHE is not used, and limits are shared
     alias = config["CACHE"]
     backend = cache_backend(alias)
+    named = "RATELIMITS['CACHE']"
+    if alias == getattr(settings, UPSTREAM_CACHE, None) and "CACHE" not in (
+            getattr(settings, "RATELIMITS", None) or {}):
+        named = f"{UPSTREAM_CACHE} (read as RATELIMITS['CACHE'])"
+        if _shared_elsewhere(backend):
+            return messages  # ratelimits.E005 says what to write instead
     if backend is None:
         messages.append(
             checks.Error(
-                f"RATELIMITS['CACHE'] is {alias!r}, which is not an alias in CACHES.",
+                f"{named} is {alias!r}, which is not an alias in CACHES.",
                 hint="Name one of your CACHES aliases, ideally a django-redis one.",
                 id="ratelimits.E003",
             )
@@ -441,3 +450,50 @@ def check_saved_policies(
             hint=SAVED_HINT, obj=policy, id="ratelimits.W010"))
     return messages
 
+
+# -- django-ratelimit's RATELIMIT_USE_CACHE ------------------------------------------------
+
+#: Caches that keep their entries in each process, as ratelimits' in-process engine does:
+#: django-ratelimit counted per process on them too.
+_PER_PROCESS_CACHES = ("django.core.cache.backends.locmem.", "django.core.cache.backends.dummy.")
+
+
+def _shared_elsewhere(backend: str | None) -> bool:
+    """Whether a cache `backend` is shared by every process but is not Redis (memcached,
+    the database, files): django-ratelimit counted there for every process, ratelimits
+    cannot."""
+    return backend is not None and not is_redis_backend(backend) and not backend.startswith(
+        _PER_PROCESS_CACHES)
+
+
+@checks.register()
+def check_upstream_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """django-ratelimit's `RATELIMIT_USE_CACHE`: read as `RATELIMITS['CACHE']` where it
+    counts as upstream did (a Redis cache, or a per-process one); else what to write."""
+    alias = getattr(settings, UPSTREAM_CACHE, None)
+    if alias is None:
+        return []
+    own: Any = getattr(settings, "RATELIMITS", None) or {}
+    if not isinstance(own, dict):
+        return []  # ratelimits.E001
+    if own.get("REDIS_URL") is not None or own.get("CACHE", alias) != alias:
+        store = ("RATELIMITS['REDIS_URL']" if own.get("REDIS_URL") is not None
+                 else f"RATELIMITS['CACHE'] = {own['CACHE']!r}")
+        return [checks.Warning(
+            f"{UPSTREAM_CACHE} = {alias!r} is not read: {store} is where ratelimits counts.",
+            hint=f"Remove {UPSTREAM_CACHE} once django-ratelimit itself is gone, or set "
+            f"RATELIMITS['CACHE'] = {alias!r} to count there.",
+            id="ratelimits.W009",
+        )]
+    backend = cache_backend(alias)
+    if _shared_elsewhere(backend):
+        return [checks.Error(
+            f"{UPSTREAM_CACHE} = {alias!r} names a {backend} cache: django-ratelimit "
+            "counted there for every process, but ratelimits counts only in Redis, so each "
+            "process would count on its own and the limits would multiply.",
+            hint="Write RATELIMITS = {'CACHE': '<an alias of a django-redis or Django "
+            "RedisCache cache>'} (or {'REDIS_URL': 'redis://host:6379/0'}) and remove "
+            f"{UPSTREAM_CACHE}.",
+            id="ratelimits.E005",
+        )]
+    return []

@@ -214,11 +214,29 @@ def build_config(user: Any) -> Mapping[str, Any]:
     return MappingProxyType(values)
 
 
+#: django-ratelimit's setting naming the cache it counts in. A site migrating from it
+#: keeps its limits on that cache: it is `CACHE` when RATELIMITS sets neither `CACHE` nor
+#: `REDIS_URL` (the checks refuse it where that would not count as upstream did).
+UPSTREAM_CACHE = "RATELIMIT_USE_CACHE"
+
+
+def user_settings() -> Any:
+    """`settings.RATELIMITS` as the site gives it, with `RATELIMIT_USE_CACHE` as its
+    `CACHE` when it sets neither `CACHE` nor `REDIS_URL`."""
+    user: Any = getattr(settings, "RATELIMITS", None)
+    upstream = getattr(settings, UPSTREAM_CACHE, None)
+    if upstream is None or not isinstance(user, Mapping | None):
+        return user
+    if user is not None and ("CACHE" in user or "REDIS_URL" in user):
+        return user
+    return {**(user or {}), "CACHE": upstream}
+
+
 def get_config() -> Mapping[str, Any]:
     """The validated `RATELIMITS` settings, defaults filled in (cached until settings change)."""
     global _config
     if _config is None:
-        _config = build_config(getattr(settings, "RATELIMITS", None))
+        _config = build_config(user_settings())
     return _config
 
 
@@ -233,7 +251,7 @@ def setting_or_default(name: str) -> Any:
     except ImproperlyConfigured:
         pass
     setting = SETTINGS[name]
-    user: Any = getattr(settings, "RATELIMITS", None)
+    user = user_settings()
     try:
         return setting.check(user[name])
     except (TypeError, KeyError, ValueError):  # not a dict, not set, or not valid
@@ -254,5 +272,5 @@ def reset_config() -> None:
 
 @receiver(setting_changed)
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == "RATELIMITS":
+    if setting in ("RATELIMITS", UPSTREAM_CACHE):
         reset_config()

@@ -27,9 +27,16 @@ from ratelimits.pipeline.settling import mark_signal
 
 logger = logging.getLogger("ratelimits")
 
+#: While set (an admin view runs), each publication's outcome is appended to it: the admin
+#: tells the operator when a change was saved but could not be published.
+publications: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "ratelimits_publications", default=None
+)
 
-def policies_changed() -> None:
-    """Bump the shared policy version and rebuild this process's snapshot."""
+
+def policies_changed() -> bool:
+    """Bump the shared policy version and rebuild this process's snapshot; whether the
+    change was published (False: the store did not answer)."""
     version = None
     try:
         version = get_engine().bump_version()
@@ -40,6 +47,10 @@ def policies_changed() -> None:
             exc,
         )
     resolver.invalidate(version)
+    outcomes = publications.get()
+    if outcomes is not None:
+        outcomes.append(version is not None)
+    return version is not None
 
 
 def schedule_policies_changed(using: str | None = None) -> None:
@@ -139,4 +150,5 @@ def _write_declared(sender: Any, using: str | None = None, **kwargs: Any) -> Non
         get_resolver().url_patterns  # noqa: B018  (the import is the point)
     except Exception as exc:  # a broken URLconf is for runserver to report
         logger.warning("ratelimits: could not import the URLconf to find @ratelimit (%s)", exc)
+    registry.find()  # the DRF compat throttles of the routed views
     registry.write(force=True)

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.utils import timezone
 
+from ratelimits.admin.store import StoreBanner
 from ratelimits.engine.registry import BURST_ALGORITHMS, LEARNED_ALGORITHMS, REGISTRY
 from ratelimits.matching.overrides import parse_match
 from ratelimits.models import Override, Policy
@@ -191,7 +192,7 @@ class _Expiry(admin.SimpleListFilter):
 
 
 @admin.register(Override)
-class OverrideAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class OverrideAdmin(StoreBanner, admin.ModelAdmin):  # type: ignore[type-arg]
     """Every override, across policies: who gets what, until when, and why."""
 
     list_display = ("match", "policy", "gives", "expiry", "note")

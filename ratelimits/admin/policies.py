@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 
 from ratelimits.admin.overrides import OverrideInline, warn_exempt_everyone
+from ratelimits.admin.store import publication_reported
 from ratelimits.checks import (
     LOCKOUT_HINT,
     admin_index,
@@ -136,7 +137,12 @@ class PolicyAdmin(_ModelAdmin):
         changelist = super().get_changelist_instance(request)
         shown = list(changelist.result_list)  # evaluates the page's queryset once
         names = [p.name for p in shown]
-        totals = dashboard.read_figures("the last hour", observe.last_hour, names) or {}
+        reads = dashboard.Reads()
+        totals = reads("the last hour", observe.last_hour, names) if names else {}
+        # the template's banner (`cl.rl_notice`)
+        changelist.rl_notice = (  # type: ignore[attr-defined]
+            reads.notice() if names else dashboard.probe_store())
+        totals = totals or {}
         # one walk of the URLconf for the page, when a declared policy is on it
         found = _declared_routes(request) if any(p.declared for p in shown) else {}
         for policy in shown:
@@ -175,7 +181,18 @@ class PolicyAdmin(_ModelAdmin):
         if policy is not None:
             extra.update(dashboard.policy_page(policy).context())
             extra["can_reset"] = self.has_change_permission(request, policy)
-        return super().change_view(request, object_id, form_url, extra)
+        with publication_reported(self, request):
+            return super().change_view(request, object_id, form_url, extra)
+
+    def add_view(self, request: Any, form_url: str = "", extra_context: Any = None) -> Any:
+        extra = dict(extra_context or {})
+        extra["store_notice"] = dashboard.probe_store()
+        with publication_reported(self, request):
+            return super().add_view(request, form_url, extra)
+
+    def delete_view(self, request: Any, object_id: str, extra_context: Any = None) -> Any:
+        with publication_reported(self, request):
+            return super().delete_view(request, object_id, extra_context)
 
     def reset_client_view(self, request: Any, object_id: str) -> Any:
         """Forget one client's state under this policy (POST with `identity`)."""
@@ -201,6 +218,9 @@ class PolicyAdmin(_ModelAdmin):
     def dashboard_view(self, request: Any) -> Any:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
+        policies = list(Policy.objects.all())
+        reads = dashboard.Reads()
+        rows = dashboard.dashboard_rows(policies, _change_url, reads)
         return TemplateResponse(
             request,
             "admin/ratelimits/dashboard.html",
@@ -208,14 +228,16 @@ class PolicyAdmin(_ModelAdmin):
                 **self.admin_site.each_context(request),
                 "title": "Rate-limit dashboard",
                 "opts": self.model._meta,
-                "rows": dashboard.dashboard_rows(list(Policy.objects.all()), _change_url),
+                "rows": rows,
+                "store_notice": reads.notice() if policies else dashboard.probe_store(),
             },
         )
 
     def changelist_view(self, request: Any, extra_context: Any = None) -> Any:
         extra = dict(extra_context or {})
         extra["dashboard_url"] = reverse("admin:ratelimits_policy_dashboard")
-        return super().changelist_view(request, extra)
+        with publication_reported(self, request):  # a bulk delete; the actions say their own
+            return super().changelist_view(request, extra)
 
     def construct_change_message(
         self, request: Any, form: Any, formsets: Any, add: bool = False
@@ -259,14 +281,15 @@ class PolicyAdmin(_ModelAdmin):
             self.message_user(request, f"Every selected policy is already {mode}.")
             return
         # update() sends no post_save, so the change is published here, once.
-        Policy.objects.filter(pk__in=[p.pk for p in changed]).update(
-            mode=mode, updated=timezone.now()
-        )
-        schedule_policies_changed()
+        names = ", ".join(p.name for p in changed)
+        with publication_reported(self, request, f"Switched to {mode}: {names}.",
+                                  f"Mode {mode} saved for {names}"):
+            Policy.objects.filter(pk__in=[p.pk for p in changed]).update(
+                mode=mode, updated=timezone.now()
+            )
+            schedule_policies_changed()
         for policy in changed:
             self.log_change(request, policy, f"Changed mode from {policy.mode} to {mode}.")
-        names = ", ".join(p.name for p in changed)
-        self.message_user(request, f"Switched to {mode}: {names}.", messages.SUCCESS)
         for policy in changed:
             policy.mode = mode
         _warn_lockout(self, request, changed)
@@ -287,15 +310,16 @@ class PolicyAdmin(_ModelAdmin):
             self.message_user(request, "Every selected policy is already rolled out to "
                               "every client.")
             return
-        for policy in changed:
-            old, policy.rollout = policy.rollout, next_rollout(policy.rollout)
-            Policy.objects.filter(pk=policy.pk).update(rollout=policy.rollout,
-                                                       updated=timezone.now())
-            self.log_change(request, policy,
-                            f"Changed rollout from {old}% to {policy.rollout}%.")
-        schedule_policies_changed()  # update() sends no post_save: published once
-        shown = ", ".join(f"{p.name} ({p.rollout}%)" for p in changed)
-        self.message_user(request, f"Rollout raised: {shown}.", messages.SUCCESS)
+        shown = ", ".join(f"{p.name} ({next_rollout(p.rollout)}%)" for p in changed)
+        with publication_reported(self, request, f"Rollout raised: {shown}.",
+                                  f"Rollout saved: {shown}"):
+            for policy in changed:
+                old, policy.rollout = policy.rollout, next_rollout(policy.rollout)
+                Policy.objects.filter(pk=policy.pk).update(rollout=policy.rollout,
+                                                           updated=timezone.now())
+                self.log_change(request, policy,
+                                f"Changed rollout from {old}% to {policy.rollout}%.")
+            schedule_policies_changed()  # update() sends no post_save: published once
 
     @admin.action(description="Turn off", permissions=["change"])
     def turn_off(self, request: Any, queryset: Any) -> None:

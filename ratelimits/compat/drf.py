@@ -35,6 +35,7 @@ from rest_framework.throttling import BaseThrottle
 from ratelimits.conf import get_config
 from ratelimits.engine.types import Outcome, Result
 from ratelimits.matching.identity import client_ip
+from ratelimits.ops.routes import routed_views
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import SCOPE_PREFIX, registry
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request, state_for
@@ -49,6 +50,7 @@ __all__ = [
     "ScopedRateThrottle",
     "SimpleRateThrottle",
     "UserRateThrottle",
+    "declare_routed",
     "policy_name",
 ]
 
@@ -206,9 +208,21 @@ class SimpleRateThrottle(BaseThrottle):
         self.key = self.get_cache_key(request, view)
         if self.key is None:
             return None
+        return self._declared()
+
+    def _declared(self) -> str:
+        """Declare this throttle's policy (again, if its rate changed); its name."""
+        assert self.num_requests is not None and self.duration is not None
         name = policy_name(self.scope or type(self).__name__)
         _declare(name, self.num_requests, self.duration)
         return name
+
+    def declare_for(self, view: Any) -> str | None:
+        """Declare the policy this throttle applies on `view`, without a request (at
+        `migrate`); its name, or None when it applies none (no rate, no scope)."""
+        if self.rate is None or self.num_requests is None or self.duration is None:
+            return None
+        return self._declared()
 
     def _decide(self, call: _Call, request: Any, view: Any, name: str | None) -> None:
         """One store call for this throttle and the view's other compat throttles not
@@ -298,12 +312,21 @@ class ScopedRateThrottle(SimpleRateThrottle):
         self._result, self._refused_for, self._decided = None, None, False
 
     def _identify(self, request: Any, view: Any) -> str | None:
+        if not self._scoped(view):
+            return None
+        return super()._identify(request, view)
+
+    def declare_for(self, view: Any) -> str | None:
+        return super().declare_for(view) if self._scoped(view) else None
+
+    def _scoped(self, view: Any) -> bool:
+        """Take the scope and rate of `view`; whether it has a scope."""
         self.scope = getattr(view, self.scope_attr, None)
         if not self.scope:
-            return None
+            return False
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super()._identify(request, view)
+        return True
 
     def get_cache_key(self, request: Any, view: Any) -> str | None:
         return self.cache_format % {"scope": self.scope, "ident": _user_or_ident(self, request)}
@@ -313,6 +336,37 @@ def _user_or_ident(throttle: BaseThrottle, request: Any) -> Any:
     if request.user and request.user.is_authenticated:
         return request.user.pk
     return throttle.get_ident(request)
+
+
+# -- the policies declared at `migrate` -------------------------------------------------
+
+
+@registry.finder
+def declare_routed(urlconf: str | None = None) -> list[str]:
+    """Declare the policy of every compat throttle a routed DRF view uses, as DRF would
+    make them for a request: the view class made with its route's arguments, its
+    `get_throttles()` (`DEFAULT_THROTTLE_CLASSES` unless the view names its own), each
+    throttle's rate, and for `ScopedRateThrottle` the view's `throttle_scope`. Runs at
+    `migrate` (a finder of `pipeline.declared`), so the rows exist before the first
+    request. Returns the names declared. A view whose throttles depend on the request
+    (a `get_throttles()` reading `self.action` or the user) is left to its first request."""
+    names = []
+    for route, callback in routed_views(urlconf):
+        cls = getattr(callback, "cls", None)  # DRF's as_view() keeps the class there
+        if not (isinstance(cls, type) and callable(getattr(cls, "get_throttles", None))):
+            continue
+        try:
+            view = cls(**(getattr(callback, "initkwargs", None) or {}))
+            for throttle in view.get_throttles():
+                if isinstance(throttle, SimpleRateThrottle):
+                    name = throttle.declare_for(view)
+                    if name is not None and name not in names:
+                        names.append(name)
+        except Exception as exc:
+            logger.warning("ratelimits: could not read the DRF throttles of %s (%s: %s); "
+                           "their policies are declared at its first request", route,
+                           type(exc).__name__, exc)
+    return names
 
 
 # -- one view call, one decision -------------------------------------------------------

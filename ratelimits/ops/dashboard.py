@@ -20,7 +20,10 @@ from django.utils.safestring import SafeString, mark_safe
 
 from ratelimits.engine.registry import LEARNED_ALGORITHMS
 from ratelimits.models import Mode, Policy
+from ratelimits.models.fields import Counting, OnError
 from ratelimits.ops import charts, observe
+from ratelimits.pipeline import engines
+from ratelimits.pipeline.resolver import DB_CHECK_EVERY
 
 logger = logging.getLogger("ratelimits")
 
@@ -34,15 +37,95 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-def read_figures(
-    what: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
-) -> _T | None:
-    """`fn(*args, **kwargs)`, or None when the store does not answer (`what` is logged)."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # the admin must open even when Redis does not answer
-        logger.warning("ratelimits: could not read %s for the admin: %s", what, exc)
-        return None
+class Reads:
+    """A page's reads of the store: the figures of each, and the first failure (shown by
+    the page's banner, `StoreNotice`). After a failure the page's other reads are not
+    tried: a store that does not answer would make each wait for its timeout."""
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+
+    def __call__(
+        self, what: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T | None:
+        """`fn(*args, **kwargs)`, or None when the store does not answer (`what` is logged,
+        the failure kept)."""
+        if self.failure is not None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # the admin must open even when Redis does not answer
+            logger.warning("ratelimits: could not read %s for the admin: %s", what, exc)
+            if self.failure is None:
+                self.failure = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def notice(self) -> StoreNotice | None:
+        """The page's banner: None when every read was answered."""
+        return None if self.failure is None else store_notice(self.failure)
+
+
+# -- what the policies do while the store does not answer ------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreNotice:
+    """The banner of an admin page whose reads the store did not answer: the error, and
+    what each policy does meanwhile, by what its `on_error` makes of it."""
+
+    failure: str
+    #: (what those policies do, their names), for each kind of fallback that some have.
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    #: How often each process reads the policy table while the store is away (seconds).
+    table_every: float = DB_CHECK_EVERY
+
+    @property
+    def affected(self) -> int:
+        return sum(len(names) for _, names in self.groups)
+
+
+#: What the enforced policies of each `on_error` do while the store does not answer.
+_FALLBACKS = {
+    OnError.DENY: "refusing every request they match, with a 503 (on_error: deny)",
+    OnError.LOCAL: ("decided by each process alone, at its share of the limit: the limit "
+                    "divided by the processes last seen live (on_error: local)"),
+    OnError.ALLOW: "admitting every request they match, uncounted (on_error: allow)",
+}
+_SHADOW = "in shadow: refusing nothing and counting nothing, whatever their on_error"
+_IN_PROCESS = ("deciding as usual: they count in each process (per-process or adaptive), "
+               "without the store")
+#: The banner's order: what refuses most first.
+_ORDER = (*_FALLBACKS.values(), _SHADOW, _IN_PROCESS)
+
+
+def _fallback_of(policy: Policy) -> str:
+    """What `policy` does while the store does not answer, as the banner says it."""
+    if policy.counting == Counting.PER_PROCESS or policy.algorithm in LEARNED_ALGORITHMS:
+        return _IN_PROCESS
+    if policy.mode == Mode.SHADOW:
+        return _SHADOW
+    return _FALLBACKS[OnError(policy.on_error)]
+
+
+def store_notice(failure: str, policies: list[Policy] | None = None) -> StoreNotice:
+    """The banner for a store that failed with `failure`: the policies that are not off
+    (`policies`, else read now) grouped by what they do meanwhile, what refuses first."""
+    if policies is None:
+        policies = list(Policy.objects.exclude(mode=Mode.OFF))
+    grouped: dict[str, list[str]] = {}
+    for policy in sorted(policies, key=lambda p: p.name):
+        if policy.mode != Mode.OFF:
+            grouped.setdefault(_fallback_of(policy), []).append(policy.name)
+    return StoreNotice(failure, tuple((what, tuple(grouped[what])) for what in _ORDER
+                                      if what in grouped))
+
+
+def probe_store() -> StoreNotice | None:
+    """One read of the store (the policy version) for a page that reads no figures: its
+    banner when the store does not answer, else None."""
+    reads = Reads()
+    reads("the store's policy version", lambda: engines.get_engine().read_version())
+    return reads.notice()
 
 
 def percent(share: float | None) -> str:
@@ -103,6 +186,11 @@ def hour_figures(policy: Policy, counts: observe.PolicyCounts) -> list[list[Figu
         admitted.append(Figure("rl-charged", short_count(counts.charged),
                                f"{counts.charged:,} charged after their response "
                                f"({policy.charge_on or 'charge on'})", "charged"))
+    if counts.fallback:
+        admitted.append(Figure("rl-fallback", short_count(counts.fallback),
+                               f"{counts.fallback:,} decided by its on_error "
+                               f"({policy.on_error}): the store did not answer",
+                               "on_error"))
     return [
         admitted,
         [*(Figure(css, short_count(n), f"{n:,} {long}", label)
@@ -141,6 +229,8 @@ class PolicyPage:
     store_unreadable: bool
     offenders: list[tuple[str, int]] | None
     key_kind: str
+    #: The banner: what the policies do while the store does not answer.
+    store_notice: StoreNotice | None = None
     hour_counts: observe.PolicyCounts | None = None
     hour_share: str | None = None
     hour_chart: SafeString | None = None
@@ -158,13 +248,15 @@ class PolicyPage:
 def policy_page(policy: Policy) -> PolicyPage:
     """A policy page's figures: three pipelined round trips (hour, day, offenders)."""
     name = policy.name
-    hour = read_figures("the last hour", observe.series, [name], 60)
-    day = read_figures("the last day", observe.series, [name], 24 * 60)
-    offenders = read_figures("the offenders", observe.offenders, name, 20)
+    reads = Reads()
+    hour = reads("the last hour", observe.series, [name], 60)
+    day = reads("the last day", observe.series, [name], 24 * 60)
+    offenders = reads("the offenders", observe.offenders, name, 20)
     page = PolicyPage(
-        store_unreadable=hour is None or day is None,
+        store_unreadable=reads.failure is not None,
         offenders=offenders,
         key_kind=policy.key.split(":", 1)[0],
+        store_notice=reads.notice(),
     )
     if hour is not None:
         page = _with_hour(page, name, hour[name])
@@ -225,12 +317,13 @@ class DashboardRow(TypedDict):
 
 
 def dashboard_rows(
-    policies: list[Policy], url: Callable[[Policy], str]
+    policies: list[Policy], url: Callable[[Policy], str], reads: Reads | None = None
 ) -> list[DashboardRow]:
     """Every policy's last hour as a sparkline and totals, linked to `url(policy)`: one
-    round trip in all."""
+    round trip in all (through `reads`, which keeps its failure for the page's banner)."""
     names = [p.name for p in policies]
-    per_minute = read_figures("the dashboard", observe.series, names, 60) if names else {}
+    reads = Reads() if reads is None else reads
+    per_minute = reads("the dashboard", observe.series, names, 60) if names else {}
     rows = []
     for policy in policies:
         minutes = None if per_minute is None else per_minute.get(policy.name)

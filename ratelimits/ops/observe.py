@@ -17,7 +17,7 @@ from typing import Any
 
 from ratelimits.engine.interfaces import Engine
 from ratelimits.pipeline import engines
-from ratelimits.pipeline.engines import LATENCY_US, LIMIT_SUM, SAMPLES
+from ratelimits.pipeline.engines import FALLBACK, LATENCY_US, LIMIT_SUM, SAMPLES
 
 MINUTE = 60
 HOUR = 3600
@@ -38,7 +38,9 @@ class PolicyCounts:
     samples besides (`engines.SAMPLES` ...): how many, their latencies and the limits they
     left, summed over every process. `charged`: for a policy with `charge_on`, the
     responses charged after they were answered (those requests are among `admitted`:
-    a figure beside the requests, not in `total`).
+    a figure beside the requests, not in `total`). `fallback`: requests its `on_error`
+    decided because the store did not answer (counted by each process and sent once the
+    store answers again; they are in no other figure).
     """
 
     admitted: int = 0
@@ -49,12 +51,13 @@ class PolicyCounts:
     latency_us: int = 0
     limit_sum: int = 0
     charged: int = 0
+    fallback: int = 0
 
     @classmethod
     def of(cls, raw: dict[str, int]) -> PolicyCounts:
         return cls(raw.get("a", 0), raw.get("r", 0), raw.get("w", 0), raw.get("o", 0),
                    raw.get(SAMPLES, 0), raw.get(LATENCY_US, 0), raw.get(LIMIT_SUM, 0),
-                   raw.get("c", 0))
+                   raw.get("c", 0), raw.get(FALLBACK, 0))
 
     def __add__(self, other: PolicyCounts) -> PolicyCounts:
         return PolicyCounts(*(a + b for a, b in zip(_figures(self), _figures(other), strict=True)))

@@ -37,10 +37,15 @@ def declared_routes(urlconf: str | None = None) -> dict[str, list[Route]]:
     """The routes of every decorated view, by declared scope (`code:<name>`), in URLconf
     order. One walk of the URL patterns, no import beyond the URLconf's own."""
     out: dict[str, list[Route]] = {}
-    for pattern, view in _patterns(get_resolver(urlconf).url_patterns, "/"):
+    for pattern, view in routed_views(urlconf):
         for scope in sorted(_scopes(view)):
             out.setdefault(scope, []).append(Route(pattern, _dotted(view)))
     return out
+
+
+def routed_views(urlconf: str | None = None) -> Iterator[tuple[str, Any]]:
+    """(route, view) of every URL pattern of the URLconf, in order."""
+    return _patterns(get_resolver(urlconf).url_patterns, "/")
 
 
 def describe(routes: list[Route]) -> tuple[str, str, str]:

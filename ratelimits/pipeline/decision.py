@@ -39,6 +39,7 @@ from ratelimits.engine.interfaces import LocalLayer
 from ratelimits.engine.types import Decision
 from ratelimits.pipeline.compiled import PER_PROCESS, Snapshot
 from ratelimits.pipeline.engines import (
+    count_fallback,
     count_in_store,
     get_adaptive_engine,
     get_engine,
@@ -469,6 +470,7 @@ def _unreached(ctx: Context, step: Step, shared: list[Planned], engine: Any,
                exc: EngineError) -> Verdict:
     """The verdict when the store's `engine` failed with `exc` (None when it could not be
     built): the failed call counted as such, and each policy's `on_error` decides."""
+    count_fallback([p.policy.name for p in shared], step.now)  # for the admin
     if engine is not None:
         if step.recorder is not None:
             step.recorder.unavailable(engine, time.perf_counter() - step.started,

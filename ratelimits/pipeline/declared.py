@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,10 @@ class Declaration:
     fields: tuple[tuple[str, Any], ...]  # CODE_FIELDS' values, then "mode"
     #: A function of the request giving its cost (`@ratelimit(cost=...)`), else None.
     cost_of: Callable[[Any], Any] | None = None
+    #: A function giving fields the operator owns that a new row starts with (a compat
+    #: layer's `on_error` from its library's setting), called when the row is made, so
+    #: it may read the settings; else None.
+    initial: Callable[[], Mapping[str, Any]] | None = None
 
     @property
     def scope(self) -> str:
@@ -66,7 +70,8 @@ class Declaration:
         from ratelimits.models import Policy
 
         if row is None:
-            row = Policy(name=self.name, mode=self.mode, declared=True)
+            start = {} if self.initial is None else dict(self.initial())
+            row = Policy(name=self.name, mode=self.mode, declared=True, **start)
         for name, value in self.code.items():
             setattr(row, name, value)
         return row
@@ -88,17 +93,40 @@ class Registry:
         #: the URLconf at the first `resolve()`, long after the middleware was built) has
         #: its limits applied from its first request on.
         self.generation = 0
+        #: Functions that declare limits no import declares (see `finder`).
+        self._finders: list[Callable[[], object]] = []
+
+    def finder(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Register `fn`, which declares limits found by looking (the DRF compat
+        throttles of the routed views), for `find()`; returns it (a decorator)."""
+        with self._lock:
+            if fn not in self._finders:
+                self._finders.append(fn)
+        return fn
+
+    def find(self) -> None:
+        """Run every finder (at `migrate`, once the URLconf is imported): what they
+        declare gets its row with the others'. A failing finder is logged."""
+        for fn in list(self._finders):
+            try:
+                fn()
+            except Exception as exc:
+                logger.warning("ratelimits: could not look for limits declared in code "
+                               "(%s: %s); they are declared at their first request",
+                               type(exc).__name__, exc)
 
     def declare(
         self, name: str, mode: str, *, reader: Callable[[Any], Any] | None = None,
-        cost_of: Callable[[Any], Any] | None = None, replace: bool = False, **code: Any
+        cost_of: Callable[[Any], Any] | None = None, replace: bool = False,
+        initial: Callable[[], Mapping[str, Any]] | None = None, **code: Any
     ) -> Declaration:
         """Register a declaration; ImproperlyConfigured when it is invalid or the same
         name was declared with other figures (two views may share one declaration),
         unless `replace`: then the new figures apply from the next request on (a rate
         read from settings that changed). `reader`, a function of the request,
         identifies the client instead of `key` (which becomes `code:<name>`); `cost_of`,
-        a function of the request, gives its cost instead of `cost`."""
+        a function of the request, gives its cost instead of `cost`; `initial` gives the
+        operator's fields a new row starts with (see `Declaration.initial`)."""
         from ratelimits.models import Mode  # not at the top: see `Declaration.policy`
 
         if reader is not None:
@@ -115,7 +143,7 @@ class Registry:
                 f"{', '.join(Mode.values)}"
             )
         declaration = Declaration(name, (*((k, code[k]) for k in CODE_FIELDS), ("mode", mode)),
-                                  cost_of)
+                                  cost_of, initial)
         policy = declaration.policy()
         try:
             policy.full_clean(validate_unique=False)
@@ -126,7 +154,8 @@ class Registry:
             raise ImproperlyConfigured(f"@ratelimit(name={name!r}): {problems}") from None
         # clean() normalises (methods "post" -> "POST"): keep what it made of them
         declaration = Declaration(
-            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode)), cost_of
+            name, (*((k, getattr(policy, k)) for k in CODE_FIELDS), ("mode", mode)), cost_of,
+            initial,
         )
         with self._lock:
             known = self.declared.get(name)
@@ -173,33 +202,42 @@ class Registry:
 
     def write(self, rows: list[Any] | None = None, *, force: bool = False) -> list[Any]:
         """Create or update the rows of this process's declarations (each at most once per
-        process unless `force`); returns the rows it created. A failure is logged."""
+        process unless `force`); returns the rows that `rows` lacked, as the table now
+        holds them. A failure is logged.
+
+        Several processes may create the same rows at once (a deploy's workers, each at
+        its first request): a row is inserted only if none of its name exists, never
+        failing on one another process inserted first, and every process then reads back
+        the row that is there, whoever wrote it, so their snapshots agree. Inserting
+        publishes nothing: a policy version moved in the middle of another process's
+        request would make it decide that request again on the new snapshot."""
         from ratelimits.models import Policy  # not at the top: see `Declaration.policy`
 
         with self._lock:
             todo = [d for d in self.declared.values() if force or d.name not in self._written]
             self._written.update(d.name for d in todo)
-        created: list[Any] = []
         if not todo:
-            return created
+            return []
         try:
             if rows is None:
                 rows = list(Policy.objects.filter(name__in=[d.name for d in todo]))
             by_name = {row.name: row for row in rows}
+            missing = []
             for declaration in todo:
                 row = by_name.get(declaration.name)
-                if row is not None and not row.declared:
-                    continue  # an operator's policy of that name: compile_rows says so
-                if row is None or declaration.differs(row):
-                    policy = declaration.policy(row)
-                    policy.declared = True
-                    policy.save()
-                    if row is None:
-                        created.append(policy)
+                if row is None:
+                    missing.append(declaration.policy())
+                elif row.declared and declaration.differs(row):
+                    declaration.policy(row).save()  # the code's new figures: published
+                # a row not declared is an operator's policy of that name: see compile_rows
+            if not missing:
+                return []
+            Policy.objects.bulk_create(missing, ignore_conflicts=True)
+            return list(Policy.objects.filter(name__in=[p.name for p in missing]))
         except Exception as exc:
             logger.error("ratelimits: could not write the limits declared in code (%s); "
                          "they apply with the code's figures meanwhile", exc)
-        return created
+            return []
 
     def restore(self, declared: dict[str, Declaration]) -> None:
         """Go back to `declared` (a copy of `self.declared` taken before): a test's own

@@ -11,7 +11,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +21,7 @@ from django.dispatch import receiver
 from django_redis import get_redis_connection
 
 from ratelimits import runtime
-from ratelimits.conf import get_config
+from ratelimits.conf import UPSTREAM_CACHE, get_config
 from ratelimits.engine.adaptive import AdaptiveEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.deployments import (
@@ -206,6 +206,24 @@ def count_in_store(engine: Holder, decision: Decision, now: float | None) -> Non
         store.count_locally(decision, int((time.time() if now is None else now) * 1_000_000))
 
 
+#: The counter field of the requests a policy's `on_error` decided, the store being out
+#: of reach (what the admin shows as "decided by on_error").
+FALLBACK = "f"
+
+
+def count_fallback(names: Iterable[str], now: float | None) -> None:
+    """Count a request that each policy of `names` left to its `on_error`, the store not
+    answering: tallied in this process and sent to the store's counters once it answers
+    again (the tally keeps what it could not send), so the admin shows it."""
+    try:
+        store: Engine = get_engine()
+    except Exception:  # no engine to tally with: the count is lost, never the request
+        return
+    now_us = int((time.time() if now is None else now) * 1_000_000)
+    for name in names:
+        store.count_fields(name, now_us, {FALLBACK: 1})
+
+
 def install(engine: MemoryEngine) -> None:
     """Decide with `engine`, shared and per-process policies alike, until the next
     `reset_engines()` (`ratelimits.testing` installs a fresh in-process engine)."""
@@ -241,5 +259,5 @@ def reset_engines() -> None:
 
 @receiver(setting_changed)
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("CACHES", "RATELIMITS"):
+    if setting in ("CACHES", "RATELIMITS", UPSTREAM_CACHE):
         reset_engines()

@@ -586,10 +586,10 @@ class RatelimitCBVTests(TestCase):
 
 
 class CacheFailTests(TestCase):
-    # DIFFERENCE: RATELIMIT_USE_CACHE is not read; the store is RATELIMITS["CACHE"] (or
-    # RATELIMITS["REDIS_URL"]), and a cache alias that does not exist stops the request
-    # the same way (InvalidCacheBackendError is an ImproperlyConfigured).
-    @override_settings(RATELIMITS={**settings.RATELIMITS, "CACHE": "fake-cache"})
+    # RATELIMIT_USE_CACHE is read as RATELIMITS["CACHE"] (RATELIMITS sets neither CACHE
+    # nor REDIS_URL here). DIFFERENCE: a cache alias that does not exist stops the request
+    # with ImproperlyConfigured, the parent class of upstream's InvalidCacheBackendError.
+    @override_settings(RATELIMIT_USE_CACHE='fake-cache')
     def test_bad_cache(self):
         @ratelimit(key='ip', rate='1/m', block=False)
         def view(request):

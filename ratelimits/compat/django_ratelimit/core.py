@@ -279,13 +279,20 @@ class Ask:
 _ASKS: dict[str, Ask] = {}
 
 
+def _initial() -> dict[str, str]:
+    """A new policy row's `on_error`, from `RATELIMIT_FAIL_OPEN` as upstream acts on a
+    store error: refuse (`deny`) unless it is on (`allow`). The operator's afterwards."""
+    return {"on_error": "allow" if fail_open() else "deny"}
+
+
 def declare(group: str, limit: int, period: int, methods: tuple[str, ...]) -> Ask:
     """The policy of (group, rate, methods), declared the first time it is asked for
     (and again after the registry was cleared: a test's reset)."""
     name = policy_name(group, limit, period, methods)
     if name not in registry.declared:
         registry.declare(
-            name, "enforce", reader=functools.partial(_stashed, name), algorithm=ALGORITHM,
+            name, "enforce", reader=functools.partial(_stashed, name), initial=_initial,
+            algorithm=ALGORITHM,
             limit=limit, period=period, methods=",".join(methods), burst=None, cost=1,
             max_wait=0, warmup=0,
         )
