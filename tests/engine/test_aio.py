@@ -98,7 +98,7 @@ def test_the_decision_runs_on_the_event_loops_thread(redis_url, loop, monkeypatc
     import threading
 
     _, aio = twins(redis_url)
-    limit = Limit("c", "gcra", 3, 60, name="p")
+    limit = Limit("on-the-loop", "gcra", 3, 60, name="p")  # its own key: no other test's
     # the library loaded first, whichever test met the server before: a call that finds
     # it missing asks for the client again to load it
     loop.run_until_complete(aio.evaluate([limit]))
