@@ -84,7 +84,8 @@ class Listener:
         self.stopping = threading.Event()
         #: The watch while it is connected.
         self.watch: ChangeWatch | None = None
-        #: A message was read and is being acted on.
+        #: A message was read and is being acted on, or the first connection is being
+        #: made (a change made meanwhile would not be heard).
         self.reading = False
         #: What a change of the policies does (the resolver's `heard`): given the
         #: version read after it (None: it could not be read).
@@ -109,6 +110,7 @@ class Listener:
             if not isinstance(engine, LocalFirst):
                 return  # the in-process engine: a change is seen at once, in process
             self.stopping = stopping = threading.Event()
+            self.reading = True  # until the watch listens, or cannot
             engine.unheard = self.unheard
             threading.Thread(target=self._run, args=(engine, stopping), daemon=True,
                              name="ratelimits-changes").start()
@@ -149,13 +151,16 @@ class Listener:
             try:
                 watch = engine.watch()
                 if watch is None:
+                    self._reading(stopping, False)
                     return
                 watch.open()
             except redis.ResponseError as exc:  # no CLIENT TRACKING here: nothing to hear
                 logger.info("ratelimits: the store cannot push changes (%s); each process "
                             "reads the policy version once a second instead", exc)
+                self._reading(stopping, False)
                 return
             except Exception as exc:
+                self._reading(stopping, False)  # meanwhile, refusals are trusted for HOLD
                 if not lost:
                     logger.info("ratelimits: cannot hear changes from the store (%s: %s); "
                                 "trying again, and reading the policy version once a "
@@ -175,6 +180,7 @@ class Listener:
             try:
                 # what changed while nobody listened (none, at the first connection)
                 self._act(engine, [Change(POLICIES)], stopping)
+                self._reading(stopping, False)
                 self._listen(engine, watch, stopping)
             except Exception as exc:
                 if not stopping.is_set():
@@ -192,17 +198,22 @@ class Listener:
         asked = False
         while not stopping.is_set():
             if watch.wait(PING_EVERY):
-                self.reading = True
+                self._reading(stopping, True)
                 try:
                     self._act(engine, watch.read(), stopping)
                 finally:
-                    self.reading = False
+                    self._reading(stopping, False)
                 asked = False
             elif asked:
                 raise ConnectionError(f"the store did not answer within {PING_EVERY:g} s")
             else:
                 watch.ping()
                 asked = True
+
+    def _reading(self, stopping: threading.Event, value: bool) -> None:
+        """Set `reading`, unless this thread was stopped (another may be starting)."""
+        if not stopping.is_set():
+            self.reading = value
 
     def _act(self, engine: LocalFirst, changes: list[Change],
              stopping: threading.Event) -> None:
