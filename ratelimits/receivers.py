@@ -32,12 +32,9 @@ def policies_changed(into: Publication | None = None) -> Publication:
     """Tell every process that the policies changed (`changes.publish`: the store's
     version bumped, which each process's listener hears) and rebuild this process's
     snapshot. Returns what became of the publication (also filled into `into`)."""
-    done = publish()
+    done = publish(into)
     resolver.invalidate(done.version)
-    if into is None:
-        return done
-    into.version, into.error, into.done = done.version, done.error, True
-    return into
+    return done
 
 
 def schedule_policies_changed(using: str | None = None) -> Publication:

@@ -250,11 +250,12 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
         listener.stop()  # another store, perhaps: the next snapshot listens to it
 
 
-def publish() -> Publication:
+def publish(into: Publication | None = None) -> Publication:
     """Tell every process that the policies changed: the store's version bumped, what
     this process remembers dropped at once. Never raises: a failure is logged and
-    returned (`Publication.error`)."""
-    done = Publication(done=True)
+    returned (`Publication.error`). Filled into `into` when given."""
+    done = into if into is not None else Publication()
+    done.done = True
     try:
         engine = get_engine()
         done.version = engine.bump_version()
