@@ -1,5 +1,5 @@
 """An operator relents, or not: three gunicorn sync workers obey the admin's switch within
-half a second, refused clients included.
+half a second, refused clients included; and an operator's reset of the client.
 
 A client is refused by an enforced policy until every worker answers it from the refusal
 it remembers; the operator switches the policy to shadow with the admin's action (its own
@@ -18,7 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
+from ratelimits.engine.scripts import batch_library
+from tests.redis_server import Monitor
 from tests.support.workers import Site
 
 pytestmark = pytest.mark.slow
@@ -48,8 +51,23 @@ open({stamp!r}, "w").write(repr(done))
 """
 
 
+RESET = """
+import time
+from ratelimits.models import Policy
+from ratelimits.ops.reset import reset_client
+
+policy = Policy.objects.get(name={name!r})
+before = time.time()
+reset_client(policy, "127.0.0.1")
+open({stamp!r}, "w").write(repr((before, time.time())))
+"""
+BATCH, LIBRARY = batch_library()
+
+
 @pytest.fixture
 def site(tmp_path, private_redis):
+    # loaded before the workers start: a worker's first decision is one call (MONITOR)
+    redis.Redis.from_url(private_redis.url).function_load(LIBRARY)
     site = Site(tmp_path, private_redis.url)
     site.run("from django.contrib.auth import get_user_model\n"
              "get_user_model().objects.create_superuser('operator', 'op@example.com', 'pw')")
@@ -146,3 +164,34 @@ def test_switches_reach_every_worker_within_half_a_second(site, tmp_path, capsys
               f"{sorted(round(s * 1000) for s in late_200.values())} ms after it")
     assert max(late_429.values()) < BOUND, late_429
     assert max(late_200.values()) < BOUND, late_200
+
+
+def test_a_reset_sends_every_worker_to_the_store_at_once(site, tmp_path, private_redis,
+                                                          capsys):
+    """The admin's "reset this client" (and `ratelimits reset`): every worker stops
+    answering the client from the refusal it remembers and asks the store, within
+    milliseconds; before, each did when its memory ran out (up to a second later, at a
+    moment of its own). A worker asking is its decision script in the store's MONITOR."""
+    client = redis.Redis.from_url(private_redis.url)
+    with Traffic(site) as traffic:
+        traffic.until(lambda a: len({pid for _, got, pid in a if got == 429}) == WORKERS
+                      and len(a) > 100)
+        workers = {pid for _, _, pid in traffic.answers}
+        monitor = Monitor(private_redis.port, tmp_path / "monitor.txt")
+        stamp = tmp_path / "reset.stamp"
+        site.run(RESET.format(name=NAME, stamp=str(stamp)))
+        before, reset_at = eval(stamp.read_text())
+        time.sleep(1.0)
+    names = monitor.names(client)
+    asked: dict[int, float] = {}
+    for at, who in monitor.scripts(BATCH, since=before):
+        if who in names and names[who].startswith("worker-"):
+            asked.setdefault(int(names[who].removeprefix("worker-")), at - reset_at)
+    with capsys.disabled():
+        print(f"\nreset: each worker asked the store "
+              f"{sorted(round(s * 1000) for s in asked.values())} ms after it")
+    assert set(asked) == workers, (asked, workers)
+    # generous for a loaded machine, yet a fraction of the second a worker could wait
+    # on its own (all three at once by chance: about one run in sixty)
+    assert max(asked.values()) < 0.25, asked
+    client.close()
