@@ -31,7 +31,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import redis
 from django.core.signals import setting_changed
@@ -53,6 +53,8 @@ PING_EVERY = 5.0
 #: `BACKOFF_MOST`.
 BACKOFF_FIRST = 0.1
 BACKOFF_MOST = 5.0
+#: Until the store answers the process once, the thread looks this often whether it did.
+FIRST_ANSWER_POLL = 0.05
 
 
 @dataclass
@@ -146,34 +148,21 @@ class Listener:
     # -- the thread ---------------------------------------------------------------------
 
     def _run(self, engine: LocalFirst, stopping: threading.Event) -> None:
+        # not before the store has answered this process once: a store out of reach is
+        # left to the circuit breaker, not called once more by this thread
+        while engine.denied.version is None:
+            if stopping.wait(FIRST_ANSWER_POLL):
+                return
         delay, lost = BACKOFF_FIRST, False
         while not stopping.is_set():
-            try:
-                watch = engine.watch()
-                if watch is None:
-                    self._reading(stopping, False)
-                    return
-                watch.open()
-            except redis.ResponseError as exc:  # no CLIENT TRACKING here: nothing to hear
-                logger.info("ratelimits: the store cannot push changes (%s); each process "
-                            "reads the policy version once a second instead", exc)
-                self._reading(stopping, False)
+            watch = self._open(engine, stopping, lost)
+            if watch is None:
                 return
-            except Exception as exc:
-                self._reading(stopping, False)  # meanwhile, refusals are trusted for HOLD
-                if not lost:
-                    logger.info("ratelimits: cannot hear changes from the store (%s: %s); "
-                                "trying again, and reading the policy version once a "
-                                "second meanwhile", type(exc).__name__, exc)
+            if watch is False:
                 lost = True
                 stopping.wait(delay)
                 delay = min(delay * 2, BACKOFF_MOST)
                 continue
-            with self._lock:
-                if stopping.is_set():
-                    watch.close()
-                    return
-                self.watch = watch
             if lost:
                 logger.info("ratelimits: hearing changes from the store again")
             delay, lost = BACKOFF_FIRST, False
@@ -192,6 +181,40 @@ class Listener:
                     if self.watch is watch:
                         self.watch = None
                 watch.close()
+
+    def _open(self, engine: LocalFirst, stopping: threading.Event,
+              lost: bool) -> ChangeWatch | Literal[False] | None:
+        """The watch, connected and installed; False when it could not connect (to try
+        again); None when there is nothing to hear, or this thread was stopped."""
+        watch = None
+        try:
+            watch = engine.watch()
+            if watch is None:
+                self._reading(stopping, False)
+                return None
+            watch.open()
+        except redis.ResponseError as exc:  # no CLIENT TRACKING here: nothing to hear
+            logger.info("ratelimits: the store cannot push changes (%s); each process "
+                        "reads the policy version once a second instead", exc)
+            self._reading(stopping, False)
+            if watch is not None:
+                watch.close()
+            return None
+        except Exception as exc:
+            self._reading(stopping, False)  # meanwhile, refusals are trusted for HOLD
+            if watch is not None:
+                watch.close()
+            if not lost:
+                logger.info("ratelimits: cannot hear changes from the store (%s: %s); "
+                            "trying again, and reading the policy version once a "
+                            "second meanwhile", type(exc).__name__, exc)
+            return False
+        with self._lock:
+            if stopping.is_set():
+                watch.close()
+                return None
+            self.watch = watch
+        return watch
 
     def _listen(self, engine: LocalFirst, watch: ChangeWatch,
                 stopping: threading.Event) -> None:
