@@ -224,12 +224,7 @@ class LocalFirst(Acquiring):
                 break
         else:
             decision = self.store.evaluate(limits, now)
-        version = decision.version
-        if version is not None and version != self.denied.version:
-            self.denied.moved(version)
-        if not decision.allowed:
-            self.denied.learn(decision, at)
-        return decision
+        return self._learnt(decision, at)
 
     async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """`evaluate()` for async code: the store awaited on the event loop when it has
@@ -251,12 +246,7 @@ class LocalFirst(Acquiring):
                 break
         else:
             decision = await self.aio.evaluate(limits, now)
-        version = decision.version
-        if version is not None and version != self.denied.version:
-            self.denied.moved(version)
-        if not decision.allowed:
-            self.denied.learn(decision, at)
-        return decision
+        return self._learnt(decision, at)
 
     async def arelease(self, decision: Decision) -> None:
         """The store's `release()`, awaited on the loop when it has an asyncio twin."""
@@ -274,6 +264,16 @@ class LocalFirst(Acquiring):
         if version != self.denied.version:
             self.denied.moved(version)
         return version
+
+    def _learnt(self, decision: Decision, at: float) -> Decision:
+        """`decision`, made by the store at `at`: its refusals remembered, under the
+        policy version it reported (what was learnt under another one goes)."""
+        version = decision.version
+        if version is not None and version != self.denied.version:
+            self.denied.moved(version)
+        if not decision.allowed:
+            self.denied.learn(decision, at)
+        return decision
 
     def _remembered(self, limits: Sequence[Limit], at: float) -> Decision | None:
         """The deny cache's answer, counted like the store's; None to ask the store."""
