@@ -165,10 +165,13 @@ class Listener:
                 continue
             if lost:
                 logger.info("ratelimits: hearing changes from the store again")
+                # what changed while nobody listened
+                self._act(engine, [Change(POLICIES)], stopping)
+            else:  # the first time: what was learnt before it listened (the snapshot
+                # is checked by the versions the store's replies carry)
+                engine.forget_remembered()
             delay, lost = BACKOFF_FIRST, False
             try:
-                # what changed while nobody listened (none, at the first connection)
-                self._act(engine, [Change(POLICIES)], stopping)
                 self._reading(stopping, False)
                 self._listen(engine, watch, stopping)
             except Exception as exc:

@@ -242,7 +242,8 @@ class Resolver:
         (None: unknown): rebuild before the next request, unless built at it already."""
         snap = self._snapshot
         if version is None or snap is None or snap.version != version:
-            self.invalidate(version)
+            self._stale_version = version  # a failed rebuild still waits to be retried
+            self._stale = True
 
     def forked(self) -> None:
         """In a process just forked: a lock another thread held stays held in the child,
