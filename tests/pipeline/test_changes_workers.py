@@ -74,6 +74,10 @@ def site(tmp_path, private_redis):
     site.policy(name=NAME, mode="enforce", algorithm="sliding_log", limit=5, period=3600,
                 key="ip", path="/hello/")
     site.start(workers=WORKERS)
+    # the workers log each refusal (thousands here): read what they write, or the pipe
+    # fills and they block on it
+    drained = threading.Thread(target=site.server.stderr.read, daemon=True)
+    drained.start()
     yield site
     site.stop()
 
