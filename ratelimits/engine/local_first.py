@@ -78,6 +78,8 @@ class DenyCache:
         self.refused: OrderedDict[Limit, tuple[float, float, float, float]] = OrderedDict()
         #: The policy version the refusals were learnt under (None: none reported yet).
         self.version: int | None = None
+        #: Set once the store reported a version: it answered this process.
+        self.answered = threading.Event()
 
     def learn(self, decision: Decision, at: float) -> None:
         """Remember the enforced refusals of a decision the store made at `at`."""
@@ -159,6 +161,8 @@ class DenyCache:
         with self._lock:
             self.refused.clear()
             self.version = version
+        if version is not None:
+            self.answered.set()
 
     def clear(self) -> None:
         with self._lock:

@@ -15,13 +15,14 @@ refusals are not trusted (`Listener.unheard`), so a request never answers from t
 across a change it could have known of.
 
 The thread starts with the first snapshot a process builds (its first request), never at
-import; a process forked after that (gunicorn's workers from a master that served or
-warmed up) starts its own (the pid is checked). When the store goes away the thread
-connects again with backoff, and acts on whatever may have changed meanwhile once back.
-Where no watch is possible (Redis before 6, a proxy refusing `CLIENT TRACKING`, the
-in-process engine), changes arrive as before: each process reads the version at most
-once a second (`resolver.VERSION_EVERY`) and trusts a remembered refusal at most
-`local_first.HOLD`.
+import, and connects once the store has answered the process (a store out of reach is
+the circuit breaker's to try); a process forked after that (gunicorn's workers from a
+master that served or warmed up) starts its own (the pid is checked). When the store
+goes away the thread connects again with backoff, and acts on whatever may have changed
+meanwhile once back. Until it listens, and where no watch is possible (Redis before 6,
+a proxy refusing `CLIENT TRACKING`, the in-process engine), changes arrive as before:
+each process reads the version at most once a second (`resolver.VERSION_EVERY`) and
+trusts a remembered refusal at most `local_first.HOLD`.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ PING_EVERY = 5.0
 #: `BACKOFF_MOST`.
 BACKOFF_FIRST = 0.1
 BACKOFF_MOST = 5.0
-#: Until the store answers the process once, the thread looks this often whether it did.
-FIRST_ANSWER_POLL = 0.05
+#: Until the store answers the process once, the thread looks this often whether it was
+#: stopped meanwhile.
+FIRST_ANSWER_POLL = 0.5
 
 
 @dataclass
@@ -86,8 +88,7 @@ class Listener:
         self.stopping = threading.Event()
         #: The watch while it is connected.
         self.watch: ChangeWatch | None = None
-        #: A message was read and is being acted on, or the first connection is being
-        #: made (a change made meanwhile would not be heard).
+        #: A message was read and is being acted on.
         self.reading = False
         #: What a change of the policies does (the resolver's `heard`): given the
         #: version read after it (None: it could not be read).
@@ -112,7 +113,6 @@ class Listener:
             if not isinstance(engine, LocalFirst):
                 return  # the in-process engine: a change is seen at once, in process
             self.stopping = stopping = threading.Event()
-            self.reading = True  # until the watch listens, or cannot
             engine.unheard = self.unheard
             threading.Thread(target=self._run, args=(engine, stopping), daemon=True,
                              name="ratelimits-changes").start()
@@ -150,8 +150,8 @@ class Listener:
     def _run(self, engine: LocalFirst, stopping: threading.Event) -> None:
         # not before the store has answered this process once: a store out of reach is
         # left to the circuit breaker, not called once more by this thread
-        while engine.denied.version is None:
-            if stopping.wait(FIRST_ANSWER_POLL):
+        while not engine.denied.answered.wait(FIRST_ANSWER_POLL):
+            if stopping.is_set():
                 return
         delay, lost = BACKOFF_FIRST, False
         while not stopping.is_set():
@@ -167,12 +167,8 @@ class Listener:
                 logger.info("ratelimits: hearing changes from the store again")
                 # what changed while nobody listened
                 self._act(engine, [Change(POLICIES)], stopping)
-            else:  # the first time: what was learnt before it listened (the snapshot
-                # is checked by the versions the store's replies carry)
-                engine.forget_remembered()
             delay, lost = BACKOFF_FIRST, False
             try:
-                self._reading(stopping, False)
                 self._listen(engine, watch, stopping)
             except Exception as exc:
                 if not stopping.is_set():
@@ -193,18 +189,15 @@ class Listener:
         try:
             watch = engine.watch()
             if watch is None:
-                self._reading(stopping, False)
                 return None
             watch.open()
         except redis.ResponseError as exc:  # no CLIENT TRACKING here: nothing to hear
             logger.info("ratelimits: the store cannot push changes (%s); each process "
                         "reads the policy version once a second instead", exc)
-            self._reading(stopping, False)
             if watch is not None:
                 watch.close()
             return None
-        except Exception as exc:
-            self._reading(stopping, False)  # meanwhile, refusals are trusted for HOLD
+        except Exception as exc:  # meanwhile, remembered refusals are trusted for HOLD
             if watch is not None:
                 watch.close()
             if not lost:

@@ -14,6 +14,7 @@ import redis
 from django.test import override_settings
 
 from ratelimits.engine.local_first import HOLD
+from ratelimits.pipeline.changes import listener
 from ratelimits.testing import Clock
 from tests.redis_server import RedisProcess
 
@@ -129,6 +130,10 @@ def test_script_flush_and_flushall_mid_traffic(client, make_policy, server, cloc
     make_policy(name="flushed", limit=2, path="/hello/")
     direct = redis.Redis.from_url(server.url)
     assert timed(client, "/hello/", 1)[0] == [200]
+    deadline = time.monotonic() + 5  # a process serving for a while: it listens
+    while listener.watch is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
     direct.script_flush()
     assert timed(client, "/hello/", 2)[0] == [200, 429]
     direct.flushall()  # counters and the policy version are gone
