@@ -19,8 +19,8 @@ from django.urls import get_resolver
 
 from ratelimits.models import Override, Policy
 from ratelimits.ops.reset import forget_figures
+from ratelimits.pipeline.changes import Publication, publish
 from ratelimits.pipeline.declared import registry
-from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.evaluation import release
 from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.settling import mark_signal
@@ -34,32 +34,29 @@ publications: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar
 )
 
 
-def policies_changed() -> bool:
-    """Bump the shared policy version and rebuild this process's snapshot; whether the
-    change was published (False: the store did not answer)."""
-    version = None
-    try:
-        version = get_engine().bump_version()
-    except Exception as exc:
-        logger.error(
-            "ratelimits: could not publish the policy change (%s); other processes pick it "
-            "up at their next version change",
-            exc,
-        )
-    resolver.invalidate(version)
+def policies_changed(into: Publication | None = None) -> Publication:
+    """Tell every process that the policies changed (`changes.publish`: the store's
+    version bumped, which each process's listener hears) and rebuild this process's
+    snapshot. Returns what became of the publication (also filled into `into`), and
+    appends whether it was published to `publications` while an admin view runs."""
+    done = publish(into)
+    resolver.invalidate(done.version)
     outcomes = publications.get()
     if outcomes is not None:
-        outcomes.append(version is not None)
-    return version is not None
+        outcomes.append(done.published)
+    return done
 
 
-def schedule_policies_changed(using: str | None = None) -> None:
+def schedule_policies_changed(using: str | None = None) -> Publication:
     """Publish when the current transaction commits (at once, outside a transaction).
 
     Waiting for the commit matters: another process that reloads on the new version must
-    find the change in the database.
+    find the change in the database. The `Publication` returned is filled in then: its
+    `done` is True once it was tried, and `published` says whether the store took it.
     """
-    transaction.on_commit(policies_changed, using=using)
+    publication = Publication()
+    transaction.on_commit(functools.partial(policies_changed, publication), using=using)
+    return publication
 
 
 @receiver(post_save, sender=Policy, dispatch_uid="ratelimits.policy_saved")

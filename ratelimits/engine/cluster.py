@@ -62,6 +62,7 @@ from ratelimits.engine.scripts import (
 from ratelimits.engine.tally import Tally
 from ratelimits.engine.transport import guard, guarded
 from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.watch import RESET_TTL, ChangeWatch, forget_key, watch_connection
 
 __all__ = ["ClusterEngine"]
 
@@ -312,6 +313,23 @@ class ClusterEngine(Acquiring):
                  for slot, mine in held.items()}
         if calls:
             self._fanout(calls)
+
+    def watch(self) -> ChangeWatch | None:
+        """A connection of its own to the node that holds the version key (and the reset
+        keys, in its slot), hearing them written and that node flushed (see `watch`);
+        None without a version key. Asked again after a failover, it finds the new
+        primary once the client has learnt the slots anew."""
+        if not self.version_key:
+            return None
+        node = self.client.get_node_from_key(self.version_key)
+        pool = self.client.get_redis_connection(node).connection_pool
+        return ChangeWatch(watch_connection(pool), self.version_key)
+
+    def announce_reset(self, name: str) -> None:
+        """Tell every process's watch that clients of policy `name` were reset."""
+        if self.version_key:
+            key = forget_key(self.version_key, name)
+            guard(lambda: self.client.set(key, 1, ex=RESET_TTL))
 
     def bump_version(self) -> int:
         """Tell every process that the policies changed; returns the new version."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from ratelimits.engine.acquire import Clock
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.watch import ChangeWatch
 
 __all__ = ["AsyncEngine", "Engine", "Holder", "LocalLayer", "StoreEngine"]
 
@@ -115,6 +116,13 @@ class StoreEngine(Engine, Protocol):
 
     def flush(self) -> None:
         """Send what `count_locally` tallied now."""
+
+    def watch(self) -> ChangeWatch | None:
+        """A connection that hears the policy version written, a reset announced and the
+        store flushed (see `engine.watch`); None when this store cannot tell."""
+
+    def announce_reset(self, name: str) -> None:
+        """Tell every process's watch that clients of policy `name` were reset."""
 
     @property
     def client(self) -> Any:

@@ -5,11 +5,15 @@ answer exactly:
 
 - **Remembered refusals (the deny cache).** Once an enforced limit refuses a client, the
   refusal stands until its retry time: asking the store again before then can only be
-  refused again. The process remembers it (at most `HOLD` seconds, so that an edit or an
-  admin reset made elsewhere is seen within that time) and refuses that client on that
-  limit without a round trip. A flood from one client then costs each process about one
-  store call per `HOLD`, not one per request. Anchor: Envoy's rate-limit service keeps a
-  local cache of over-limit keys for the same reason.
+  refused again. The process remembers it and refuses that client on that limit without
+  a round trip. A flood from one client then costs each process about one store call per
+  `HOLD`, not one per request. Anchor: Envoy's rate-limit service keeps a local cache of
+  over-limit keys for the same reason. What the process remembers is dropped when it
+  hears of a change (an edit, a reset, a flush: `watch`, through `forget_remembered`),
+  never trusted while a change may be waiting unheard (`unheard`), learnt under one
+  policy version and dropped when the store reports another, never trusted at a time
+  before it was learnt, and trusted at most `HOLD` seconds whatever else happens: the
+  bound when the store cannot tell (no watch).
 - **Leased units.** A limit with `batch` takes up to `batch` units of its window from
   the store in one call and is answered from them in process (see `lease`); the
   request's unleased limits still go to the store, and a unit is spent only when the
@@ -38,11 +42,13 @@ from ratelimits.engine.interfaces import AsyncEngine, StoreEngine
 from ratelimits.engine.keynames import to_us
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
+from ratelimits.engine.watch import ChangeWatch
 
 __all__ = ["HOLD", "DenyCache", "LocalFirst"]
 
 #: A remembered refusal is trusted at most this long (seconds): the bound on how late an
-#: edit, a reset or another process's refund is seen by a process that stopped asking.
+#: edit, a reset or another process's refund is seen by a process that stopped asking,
+#: when no watch tells it sooner.
 HOLD = 1.0
 #: Refusals remembered at most, per process (about 500 bytes each: 5 MB). Past it the
 #: oldest goes: under a flood of distinct clients the cache keeps the newest refusals,
@@ -67,9 +73,13 @@ class DenyCache:
         self.hold = hold
         self.size = size
         self._lock = threading.Lock()
-        #: limit -> (trusted until, retry at, reset at), the oldest learnt first (read
-        #: without the lock: empty, nothing can be answered here)
-        self.refused: OrderedDict[Limit, tuple[float, float, float]] = OrderedDict()
+        #: limit -> (trusted until, retry at, reset at, learnt at), the oldest learnt
+        #: first (read without the lock: empty, nothing can be answered here)
+        self.refused: OrderedDict[Limit, tuple[float, float, float, float]] = OrderedDict()
+        #: The policy version the refusals were learnt under (None: none reported yet).
+        self.version: int | None = None
+        #: Set once the store reported a version: it answered this process.
+        self.answered = threading.Event()
 
     def learn(self, decision: Decision, at: float) -> None:
         """Remember the enforced refusals of a decision the store made at `at`."""
@@ -85,7 +95,7 @@ class DenyCache:
                     continue
                 retry_at = at + result.retry_after
                 entry = (at + min(result.retry_after, self.hold), retry_at,
-                         at + max(result.reset_after, result.retry_after))
+                         at + max(result.reset_after, result.retry_after), at)
                 if result.limit in refused:
                     refused.move_to_end(result.limit)  # learnt again: the newest now
                 elif len(refused) >= self.size:
@@ -97,16 +107,18 @@ class DenyCache:
         refused = self.refused
         if not refused:
             return None
-        hits: dict[int, tuple[float, float, float]] = {}
+        hits: dict[int, tuple[float, float, float, float]] = {}
         enforced = False
         for i, limit in enumerate(limits):
             entry = refused.get(limit)
             if entry is None:
                 continue
-            if at < entry[0]:
+            # never before it was learnt: a clock set back (a test's timer) would make
+            # its retry time years away
+            if entry[3] <= at < entry[0]:
                 hits[i] = entry
                 enforced = enforced or not limit.shadow
-            else:  # expired: the store decides again
+            else:  # expired, or asked about before it was learnt: the store decides
                 with self._lock:
                     if refused.get(limit) is entry:
                         del refused[limit]
@@ -118,7 +130,7 @@ class DenyCache:
             if i not in hits:  # not consulted: nothing was charged, as on any refusal
                 results.append(Result(limit, True, 0, 0.0, 0.0, outcome=Outcome.SPARED))
                 continue
-            _, retry_at, reset_at = hits[i]
+            _, retry_at, reset_at, _ = hits[i]
             retry_after = retry_at - at if retry_at > at else 0.0
             if not limit.shadow and retry_after > retry:
                 retry = retry_after
@@ -137,6 +149,21 @@ class DenyCache:
             for remembered in [k for k in self.refused if _same_client(k, limit)]:
                 del self.refused[remembered]
 
+    def forget_policy(self, name: str) -> None:
+        """Drop what is remembered under policy `name` (its clients were reset)."""
+        with self._lock:
+            for remembered in [k for k in self.refused if k.name == name]:
+                del self.refused[remembered]
+
+    def moved(self, version: int | None) -> None:
+        """The store reported policy `version`, not the one the refusals were learnt
+        under: they go (a policy edited, the store flushed: its version is then 0)."""
+        with self._lock:
+            self.refused.clear()
+            self.version = version
+        if version is not None:
+            self.answered.set()
+
     def clear(self) -> None:
         with self._lock:
             self.refused.clear()
@@ -154,6 +181,10 @@ class DenyCache:
             del refused[oldest]
 
 
+def _all_heard() -> bool:
+    return False
+
+
 def _same_client(a: Limit, b: Limit) -> bool:
     return a.name == b.name and a.key == b.key
 
@@ -166,6 +197,8 @@ class LocalFirst(Acquiring):
     rest to the store. `aio` is the store's asyncio twin (`engine.aio`), when the app
     built one: the async calls then await the store on the event loop. `clock` gives the
     time when `evaluate()` is not given `now` (seconds; only differences matter).
+    `unheard`, set by whoever runs this store's `watch()`, says whether a change of the
+    store may have come that was not heard yet: remembered refusals wait for it.
     """
 
     def __init__(self, store: StoreEngine, aio: AsyncEngine | None = None, *,
@@ -176,6 +209,7 @@ class LocalFirst(Acquiring):
         self.denied = DenyCache(hold)
         #: this process's leases of the limits with a `batch` (see `lease`)
         self.leases = lease.Leases()
+        self.unheard: Callable[[], bool] = _all_heard
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Decide a request: in process when one of its limits refused this client within
@@ -183,7 +217,8 @@ class LocalFirst(Acquiring):
         # read before the store is asked: a refusal is remembered from no later than the
         # store made it, so never past its retry time
         at = self.clock() if now is None else now
-        if self.denied.refused:  # (read without the lock: nothing remembered, no answer)
+        # (read without the lock: nothing remembered, no answer)
+        if self.denied.refused and not self.unheard():
             local = self._remembered(limits, at)
             if local is not None:
                 return local
@@ -193,9 +228,7 @@ class LocalFirst(Acquiring):
                 break
         else:
             decision = self.store.evaluate(limits, now)
-        if not decision.allowed:
-            self.denied.learn(decision, at)
-        return decision
+        return self._learnt(decision, at)
 
     async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """`evaluate()` for async code: the store awaited on the event loop when it has
@@ -205,7 +238,7 @@ class LocalFirst(Acquiring):
         # read before the store is asked: a refusal is remembered from no later than the
         # store made it, so never past its retry time
         at = self.clock() if now is None else now
-        if self.denied.refused:  # (read without the lock: nothing remembered, no answer)
+        if self.denied.refused and not self.unheard():
             local = self._remembered(limits, at)
             if local is not None:
                 return local
@@ -217,9 +250,7 @@ class LocalFirst(Acquiring):
                 break
         else:
             decision = await self.aio.evaluate(limits, now)
-        if not decision.allowed:
-            self.denied.learn(decision, at)
-        return decision
+        return self._learnt(decision, at)
 
     async def arelease(self, decision: Decision) -> None:
         """The store's `release()`, awaited on the loop when it has an asyncio twin."""
@@ -234,7 +265,19 @@ class LocalFirst(Acquiring):
             version: int = await asyncio.to_thread(self.store.read_version)
         else:
             version = await self.aio.read_version()
+        if version != self.denied.version:
+            self.denied.moved(version)
         return version
+
+    def _learnt(self, decision: Decision, at: float) -> Decision:
+        """`decision`, made by the store at `at`: its refusals remembered, under the
+        policy version it reported (what was learnt under another one goes)."""
+        version = decision.version
+        if version is not None and version != self.denied.version:
+            self.denied.moved(version)
+        if not decision.allowed:
+            self.denied.learn(decision, at)
+        return decision
 
     def _remembered(self, limits: Sequence[Limit], at: float) -> Decision | None:
         """The deny cache's answer, counted like the store's; None to ask the store."""
@@ -259,6 +302,14 @@ class LocalFirst(Acquiring):
         self.denied.forget(limit)
         self.leases.forget(limit)  # the store's reset voids their give-back (see lease)
         self.store.reset(limit, now)
+
+    def forget_remembered(self, name: str | None = None) -> None:
+        """Drop what this process remembers of policy `name`'s clients (None: of every
+        policy): something changed that the store alone knows the effect of."""
+        if name is None:
+            self.denied.clear()
+        else:
+            self.denied.forget_policy(name)
 
     def forget_figures(self, name: str, now: float | None = None) -> None:
         """Forget every figure of policy `name`, in the store."""
@@ -291,7 +342,10 @@ class LocalFirst(Acquiring):
         self.store.renew(decisions, now)
 
     def read_version(self, now: float | None = None) -> int:
-        return self.store.read_version(now)
+        version = self.store.read_version(now)
+        if version != self.denied.version:
+            self.denied.moved(version)
+        return version
 
     def bump_version(self) -> int:
         return self.store.bump_version()
@@ -311,6 +365,12 @@ class LocalFirst(Acquiring):
 
     def flush(self) -> None:
         self.store.flush()
+
+    def watch(self) -> ChangeWatch | None:
+        return self.store.watch()
+
+    def announce_reset(self, name: str) -> None:
+        self.store.announce_reset(name)
 
     def counters(self, name: str, minute: int) -> dict[str, int]:
         return self.store.counters(name, minute)

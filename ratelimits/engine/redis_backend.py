@@ -68,6 +68,7 @@ from ratelimits.engine.transport import (
     wire_of,
 )
 from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.watch import RESET_TTL, ChangeWatch, forget_key, watch_connection
 
 __all__ = ["RedisEngine"]
 
@@ -251,6 +252,22 @@ class RedisEngine(Acquiring):
         bump = self.client.register_script(version_source())
         # INCR, from the server's clock when the key was lost (lua/version.lua)
         return int(guard(lambda: bump(keys=[self.version_key])))
+
+    # -- changes every process must hear (see `watch`) ----------------------------------
+
+    def watch(self) -> ChangeWatch | None:
+        """A connection of its own that hears the policy version written, an operator's
+        reset and a flush (not opened yet); None without a version key."""
+        if not self.version_key:
+            return None
+        return ChangeWatch(watch_connection(self.client.connection_pool), self.version_key)
+
+    def announce_reset(self, name: str) -> None:
+        """Tell every process's watch that clients of policy `name` were reset, so that
+        none answers them from what it remembers (the key is its own message)."""
+        if self.version_key:
+            key = forget_key(self.version_key, name)
+            guard(lambda: self.client.set(key, 1, ex=RESET_TTL))
 
     # -- decisions made in process, counted like the script's --------------------------
 

@@ -4,13 +4,18 @@ deleted policy's figures, so a policy created later under its name starts from z
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ratelimits.conf import get_config
 from ratelimits.engine.interfaces import Engine
+from ratelimits.engine.local_first import HOLD
 from ratelimits.matching.keykinds import identity_from_text
+from ratelimits.pipeline.changes import announce_reset
 from ratelimits.pipeline.compiled import compile_policy
 from ratelimits.pipeline.engines import get_engine
+
+logger = logging.getLogger("ratelimits")
 
 #: What to type, for messages.
 HINT = "as the offenders table and the logs show it (ip:203.0.113.9, user:7) or the bare value"
@@ -38,6 +43,12 @@ def reset_client(policy: Any, typed: str) -> str:
             f"could not reset {identity}: the store did not answer ({type(exc).__name__}: "
             f"{exc}); try again when it is back"
         ) from exc
+    try:  # no process answers the client from a refusal it remembers
+        announce_reset(policy.name)
+    except Exception as exc:  # the reset is done: the others see it within HOLD
+        logger.warning("ratelimits: reset %s under %r, but could not tell the other "
+                       "processes (%s); they ask the store again within %g s", identity,
+                       policy.name, exc, HOLD)
     return identity
 
 

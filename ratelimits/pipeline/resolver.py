@@ -1,9 +1,11 @@
 """The compiled policy snapshot: which policies apply to a request, without the database.
 
 The snapshot is an immutable value, built from the `Policy` table and swapped in one
-assignment. It is rebuilt when the engine reports a policy version other than the one it
-was built at (another process saved a policy), or when this process saved one. A rebuild
-that fails keeps the last good snapshot and logs why.
+assignment. It is rebuilt when this process saved a policy, when its listener hears that
+another process did (`changes`: within tens of milliseconds), or when the engine reports
+a policy version other than the one it was built at (the fallback where nothing is heard:
+a reply, or a read at most once per `VERSION_EVERY`). A rebuild that fails keeps the last
+good snapshot and logs why.
 
 The version lives in the store, so an edit saved while the store was down, or on a store
 that is not shared (the in-process engine), moves no version other processes see. So each
@@ -17,6 +19,7 @@ waits for at most.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,6 +32,7 @@ from django.dispatch import receiver
 
 from ratelimits import runtime
 from ratelimits.engine.errors import EngineError
+from ratelimits.pipeline.changes import listener
 from ratelimits.pipeline.compiled import Fingerprint, Snapshot, compile_policy, policy_order
 from ratelimits.pipeline.declared import numbered, registry
 from ratelimits.pipeline.engines import get_engine
@@ -233,6 +237,23 @@ class Resolver:
         self._stale = True
         self._retry_at = 0.0
 
+    def heard(self, version: int | None) -> None:
+        """The listener heard the policies change (`changes`), the store now at `version`
+        (None: unknown): rebuild before the next request, unless built at it already."""
+        snap = self._snapshot
+        if version is None or snap is None or snap.version != version:
+            self._stale_version = version  # a failed rebuild still waits to be retried
+            self._stale = True
+
+    def forked(self) -> None:
+        """In a process just forked: a lock another thread held stays held in the child,
+        so new ones; the snapshot is built again at the first request, which starts this
+        process's listener (the parent's thread did not come along)."""
+        self._lock = threading.Lock()
+        snap = self._snapshot
+        if snap is not None:
+            self.invalidate(snap.version)
+
     def reset(self) -> None:
         with self._lock:
             self.pinned = None
@@ -268,6 +289,7 @@ class Resolver:
                     current = self._snapshot = Snapshot(version=None)
                 return current
             self._snapshot = new
+            listener.ensure()  # the first snapshot of this process: changes are pushed
             return new
         finally:
             self._lock.release()
@@ -275,6 +297,8 @@ class Resolver:
 
 resolver = Resolver()
 runtime.on_reset(resolver.reset)
+listener.on_policies = resolver.heard
+os.register_at_fork(after_in_child=resolver.forked)
 
 
 @receiver(setting_changed, dispatch_uid="ratelimits.resolver.settings")
@@ -288,7 +312,8 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
 # The store's policy version, learnt from the store's replies or read, and the snapshot
 # it calls for.
 
-#: A process that learns the policy version from no reply reads it at most this often.
+#: A process that learns the policy version from no reply reads it at most this often:
+#: the bound on how late a change arrives where the listener hears nothing (`changes`).
 VERSION_EVERY = 1.0
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import redis
 
 from ratelimits.engine.scripts import batch_source
+from ratelimits.pipeline.changes import listener
 
 
 def commands(client: redis.Redis) -> dict[str, int]:
@@ -42,6 +44,11 @@ def test_one_script_call_per_request_through_the_middleware(
             burst=10 if algorithms[i] == "leaky_bucket" else None,
         )
     assert client.get("/hello/").status_code == 200  # snapshot loaded, script loaded
+    # the process's listener connects once (not per request): before counting
+    deadline = time.monotonic() + 5
+    while listener.watch is None or listener.reading:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
     direct = redis.Redis.from_url(private_redis.url)
     before = commands(direct)
     for _ in range(20):

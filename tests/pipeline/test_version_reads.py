@@ -1,5 +1,9 @@
 """A request no policy matches reads the policy version at most once a second per process,
-and only when no store reply carried it meanwhile."""
+and only when no store reply carried it meanwhile.
+
+These are the promises of the fallback, where nothing is pushed (a store without
+`CLIENT TRACKING`): no process listens here (`tests/pipeline/test_changes.py` tests the
+listener)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,13 @@ def server(private_redis, settings):
         "default": {**settings.CACHES["default"], "LOCATION": private_redis.url},
     }
     return redis.Redis.from_url(private_redis.url)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_pushed(monkeypatch):
+    from ratelimits.pipeline.changes import listener
+
+    monkeypatch.setattr(listener, "ensure", lambda: None)
 
 
 def gets(server: redis.Redis) -> int:
