@@ -57,6 +57,8 @@ test-matrix: $(STAMP) $(CHROMIUM)
 
 # The suite on Valkey: every server, cluster and sentinel it starts is valkey-server,
 # joined by valkey-cli (tests/redis_server.py), and the limiter's URLs say valkey://.
+# Left out: the throughput and latency tests of our own servers (tests/servers, the
+# adaptive limiter's) and the browser walk, which measure our Python, not the store.
 # Valkey 8 is Debian's, from bookworm-backports (added to apt's sources if missing).
 VALKEY ?= /usr/bin/valkey-server
 BACKPORTS := /etc/apt/sources.list.d/bookworm-backports.list
@@ -68,7 +70,8 @@ $(VALKEY):
 
 test-valkey: $(STAMP) $(VALKEY) $(CHROMIUM)
 	RATELIMITS_TEST_STORE=valkey $(BIN)/python -m pytest $(TEST_JOBS) \
-	  --deselect tests/test_browser.py
+	  --ignore tests/servers --deselect tests/test_browser.py \
+	  --deselect tests/pipeline/test_adaptive_servers.py
 
 # The edit loop: no cluster, no server processes, no browser (the tests marked `slow`).
 test-fast: $(STAMP)

@@ -70,7 +70,7 @@ LOWEST = 10
 
 def test_redis_cli_reshard_to_a_new_primary_keeps_eight_racing_processes_exact(capsys):
     small = RedisCluster(replicas=0).start()  # its own: it gains a primary
-    user_limit = 3000
+    user_limit = 8000  # outlasts the reshard even on a loaded machine
     ctx = multiprocessing.get_context("fork")
     out, stop, calls = ctx.Queue(), ctx.Event(), ctx.Value("i", 0)
     procs: list[multiprocessing.process.BaseProcess] = []
@@ -80,9 +80,9 @@ def test_redis_cli_reshard_to_a_new_primary_keeps_eight_racing_processes_exact(c
         assert _owned(small, new) == []
         # one limit on each source, among the slots the reshard will move first
         makers: list[Callable[[int], Limit]] = [
-            lambda i: Limit(f"ip:198.51.100.{i}", "sliding_log", 4000, 3600, name="per-ip"),
+            lambda i: Limit(f"ip:198.51.100.{i}", "sliding_log", 12000, 3600, name="per-ip"),
             lambda i: Limit(f"user:{i}", "sliding_log", user_limit, 3600, name="per-user"),
-            lambda i: Limit("global", "sliding_log", 5000, 3600, name=f"global-{i}"),
+            lambda i: Limit("global", "sliding_log", 15000, 3600, name=f"global-{i}"),
         ]
         trio = [_limit_on(set(_owned(small, port)[:LOWEST]), make)
                 for port, make in zip(sources, makers, strict=True)]
