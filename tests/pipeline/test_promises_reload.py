@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ratelimits.models import Policy
 from ratelimits.pipeline import resolver as resolver_module
+from ratelimits.pipeline.changes import listener
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.pipeline.resolver import RETRY_AFTER_FAILURE, resolver
 
@@ -36,7 +37,7 @@ THREADS = 16
 
 
 class Arrivals:
-    """The threads that reached `resolver.observe`; a reload can wait for all of them."""
+    """The threads that met a policy change; a reload can wait for all of them."""
 
     def __init__(self) -> None:
         self.threads: set[int] = set()
@@ -50,6 +51,26 @@ class Arrivals:
     def wait_for(self, n: int, timeout: float) -> bool:
         with self.changed:
             return self.changed.wait_for(lambda: len(self.threads) >= n, timeout)
+
+
+def hold_reload_for(n: int, monkeypatch) -> Arrivals:
+    """Hold the next policy reload until n threads have met the change. A thread meets it
+    either in a store reply (`observe`) or, once the listener has heard the version move,
+    as a stale snapshot; both ask `_rebuild`, so arrivals are counted there."""
+    arrivals = Arrivals()
+    rebuild, load = resolver._rebuild, resolver_module.load_snapshot
+
+    def rebuilding(version, *, wait):
+        arrivals.arrive()
+        return rebuild(version, wait=wait)
+
+    def slow_load(version):
+        arrivals.wait_for(n, timeout=20)
+        return load(version)
+
+    monkeypatch.setattr(resolver, "_rebuild", rebuilding)
+    monkeypatch.setattr(resolver_module, "load_snapshot", slow_load)
+    return arrivals
 
 
 def in_threads(n: int, work, timeout: float = 60.0) -> list:
@@ -79,13 +100,29 @@ def in_threads(n: int, work, timeout: float = 60.0) -> list:
     return results
 
 
+def until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)  # the request threads read committed rows
+@pytest.mark.parametrize("told_by", ["reply", "push"])
 def test_a_policy_change_met_by_many_threads_is_loaded_once_and_applies_to_all(
-    make_policy, monkeypatch
+    make_policy, monkeypatch, told_by
 ):
+    """The threads learn of the change from the store's replies (no listener), or the
+    listener heard it first and the first thread finds its snapshot stale."""
     make_policy(name="old", limit=1000, key="global")
     assert Client().get("/hello/").status_code == 200  # the snapshot, at this version
+    if told_by == "push":
+        assert until(lambda: listener.watch is not None)  # listening before the change
+    else:
+        listener.stop()
     # Another process adds a policy: one that counts every request, and then the version.
     Policy.objects.bulk_create(
         [
@@ -101,22 +138,12 @@ def test_a_policy_change_met_by_many_threads_is_loaded_once_and_applies_to_all(
         ]
     )
     get_engine().bump_version()
+    if told_by == "push":
+        assert until(lambda: resolver._stale)  # heard before any thread asks
 
     # Hold the reload open until every thread has noticed the new version, so they all
     # meet it while it runs (otherwise the first reload may finish before the last starts).
-    arrivals = Arrivals()
-    observe, load = resolver.observe, resolver_module.load_snapshot
-
-    def observing(version, snap):
-        arrivals.arrive()
-        return observe(version, snap)
-
-    def slow_load(version):
-        arrivals.wait_for(THREADS, timeout=20)
-        return load(version)
-
-    monkeypatch.setattr(resolver, "observe", observing)
-    monkeypatch.setattr(resolver_module, "load_snapshot", slow_load)
+    arrivals = hold_reload_for(THREADS, monkeypatch)
     monkeypatch.setattr(resolver_module, "WAIT_FOR_RELOAD", 30.0)  # a loaded CI machine
 
     def request(i: int) -> tuple[int, list[str]]:
@@ -214,19 +241,7 @@ def test_many_threads_meeting_a_failed_reload_query_once(make_policy, monkeypatc
     make_policy(name="old", limit=1000, key="global")
     assert Client().get("/hello/").status_code == 200
     get_engine().bump_version()
-    arrivals = Arrivals()
-    observe, load = resolver.observe, resolver_module.load_snapshot
-
-    def observing(version, snap):
-        arrivals.arrive()
-        return observe(version, snap)
-
-    def slow_load(version):  # every thread meets the reload, which then fails
-        arrivals.wait_for(THREADS, timeout=20)
-        return load(version)
-
-    monkeypatch.setattr(resolver, "observe", observing)
-    monkeypatch.setattr(resolver_module, "load_snapshot", slow_load)
+    arrivals = hold_reload_for(THREADS, monkeypatch)  # every thread meets it, then it fails
     monkeypatch.setattr(resolver_module, "WAIT_FOR_RELOAD", 30.0)
 
     def request(i: int) -> tuple[object, list[str]]:
