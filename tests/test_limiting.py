@@ -15,10 +15,11 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 import ratelimits
-from ratelimits import Limited, limit
+from ratelimits import Limited, limit, runtime
 from ratelimits.models import Policy
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.receivers import policies_changed
+from ratelimits.testing import Clock
 from tests.redis_server import RedisProcess, free_port
 from tests.support.workers import ROOT, Site
 
@@ -95,6 +96,21 @@ def test_a_turn_is_waited_for_in_order():
             pass
     # one at once, then a turn every 0.1 s: the engine reserved each in turn
     assert time.monotonic() - started >= 0.25
+
+
+def test_turns_are_waited_for_on_the_installed_clock():
+    """Under a test's clock (`ratelimits.testing.Clock`) a turn is decided at its time and
+    waited for by moving it, as a request told to wait is: nothing sleeps."""
+    clock = Clock(1_000_000)
+    turns = limit("paced-on-a-clock", rate="10/s", burst=1, timeout=5)
+    with runtime.using_clock(clock):
+        for _ in range(4):
+            with turns:
+                pass
+        assert clock.time() - 1_000_000 == pytest.approx(0.3)  # a turn each 0.1 s
+        with pytest.raises(Limited) as refused, limit("paced-on-a-clock", timeout=0):
+            pass
+    assert refused.value.retry_after > 0
 
 
 @pytest.mark.django_db(transaction=True)  # the async path reads the policies in a thread
