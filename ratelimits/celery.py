@@ -39,8 +39,8 @@ def limited_task(name: str, *, rate: str | None = None, key: Any = None, cost: i
     countdown when none comes within `timeout`.
 
     The arguments are `limit()`'s, except `key`: a value (a tenant, an API key) or a
-    function of the task's arguments (without `self`) that returns it, e.g.
-    ``key=lambda tenant, *args: tenant``; each value has its own count. Goes under
+    function that takes the task's arguments (without `self`) and returns it, e.g.
+    ``key=lambda tenant, email: tenant``; each value has its own count. Goes under
     ``@app.task(bind=True)``: the retry is the task's own.
     """
     turn = limit(name, rate=rate, key=None if callable(key) else key, cost=cost,
