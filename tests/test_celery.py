@@ -50,7 +50,7 @@ def test_a_task_out_of_retries_raises_limited_as_celery_raises_the_retried_excep
     assert refused.state == "FAILURE"
     assert isinstance(refused.result, Limited)
     assert refused.result.policy == "eager-partner"
-    assert 3500 < refused.result.retry_after <= 3600
+    assert 3500 < refused.result.retry_after < 3601
 
 
 @pytest.mark.django_db
@@ -105,7 +105,11 @@ class Worker:
         self.client = Celery("tests-client", broker=broker, backend=broker,
                              set_as_current=False)
         self.store = redis.Redis(port=self.server.port)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 60
@@ -177,7 +181,9 @@ def test_forty_tasks_on_four_processes_keep_the_partners_pace(worker):
     times = sorted(at for at, _ in calls)
     busiest = max(sum(1 for t in times[i:] if t - start < 1.0)
                   for i, start in enumerate(times))
-    assert busiest <= 5 + 1, busiest  # the rate plus the burst, in every one-second window
+    # the rate plus the burst, in every one-second window: turns 0.2 s apart put 5 in any
+    # second, and a call that reaches the partner late (by under 0.2 s) makes it 6 at most
+    assert busiest <= 5 + 1, busiest
     assert times[-1] - sent_at >= (40 - 1) / 5  # 7.8 s: paced, not let through at once
 
 
