@@ -79,8 +79,13 @@ class Limited(Exception):
     def __init__(self, policy: str, retry_after: float) -> None:
         self.policy = policy
         self.retry_after = retry_after
-        super().__init__(f"rate limit {policy!r}: no turn within the timeout; retry in "
-                         f"{retry_after:g} s")
+        # its arguments are its fields: pickle, and Celery's result backends (JSON too),
+        # make it again as `Limited(*args)`
+        super().__init__(policy, retry_after)
+
+    def __str__(self) -> str:
+        return (f"rate limit {self.policy!r}: no turn within the timeout; retry in "
+                f"{self.retry_after:g} s")
 
 
 class limit:

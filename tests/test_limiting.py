@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import pickle
 import subprocess
 import sys
 import time
@@ -51,6 +52,14 @@ def test_a_call_past_the_limit_raises_limited_when_it_may_not_wait():
     assert refused.value.policy == "emails-x"
     assert 0 < refused.value.retry_after <= 60
     assert counters("emails-x") == {"a": 2, "r": 1}  # the admin's figures
+
+
+def test_limited_is_made_again_from_its_arguments_as_pickle_and_celery_make_it():
+    refused = Limited("emails-x", 2.5)
+    for again in (pickle.loads(pickle.dumps(refused)), Limited(*refused.args)):
+        assert (again.policy, again.retry_after) == ("emails-x", 2.5)
+        assert str(again) == str(refused) == ("rate limit 'emails-x': no turn within the "
+                                              "timeout; retry in 2.5 s")
 
 
 def test_a_declared_limit_is_a_policy_the_operator_sees_and_switches():
