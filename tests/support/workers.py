@@ -169,7 +169,7 @@ class Site:
         if form is not None:
             body = urllib.parse.urlencode(form)
             headers["Content-Type"] = "application/x-www-form-urlencoded"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)  # a loaded machine
         try:
             conn.request(method, path, body=body, headers=headers)
             response = conn.getresponse()
