@@ -65,7 +65,7 @@ _UNREACHED: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, EngineUnavailabl
 
 class SlotCall:
     """One script call (or, with no script, a GET of `keys[0]`) bound for one slot.
-    `windows`: the window keys its windowed limits may touch, undeclared (see `_moved`)."""
+    `windows`: the window keys its windowed limits may touch (see `_moved`)."""
 
     __slots__ = ("args", "keys", "script", "windows")
 
