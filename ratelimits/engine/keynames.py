@@ -123,7 +123,7 @@ def windows(limit: Limit, at_us: int, *, ahead: bool = False) -> list[int]:
 
 
 def reached_keys(prefix: str, limit: Limit, at_us: int, *, exact: bool,
-                 lease: bool = False) -> list[str]:
+                 lease: bool = False) -> tuple[str, ...]:
     """Every key beyond its base key that a script deciding `limit` at `at_us` may touch:
     a window algorithm's window hashes, the warm-up's state, the lockout's. A call passes
     them all in KEYS, as a strict server (ElastiCache Serverless, Dragonfly) refuses a
@@ -135,24 +135,30 @@ def reached_keys(prefix: str, limit: Limit, at_us: int, *, exact: bool,
     window's script picks between the two its call carries, see `calendar.bounds`).
     `lease`: the lease script's windows, each with the one before it (a reset of the
     client clears it)."""
-    key, field = cell(prefix, limit)
-    entry = REGISTRY[limit.algorithm]
-    out = []
-    if entry.windowed:
+    current: tuple[int, ...] = ()
+    if REGISTRY[limit.algorithm].windowed:
         if limit.calendar:
             start, end, _ = calendar.bounds(limit.calendar, limit.zone, at_us)
-            current = [start // US] if exact else [start // US, end // US]
+            current = (start // US,) if exact else (start // US, end // US)
         else:
             win = at_us // period_us(limit)
-            current = [win] if exact else [win - 1, win, win + 1]
-        if lease or entry.reads_previous:
-            current = sorted({w for c in current for w in (c - 1, c)})
-        out = [f"{key}:{w}" for w in current]
-    if limit.warmup:
-        out.append(f"{key}:w")
-    if limit.lockout:
-        out.append(lock_key(key, field))
-    return out
+            current = (win,) if exact else (win - 1, win, win + 1)
+    return _reached(prefix, limit.name, limit.key, limit.algorithm, current,
+                    bool(limit.warmup), bool(limit.lockout), lease)
+
+
+@lru_cache(maxsize=16_384)  # a call's keys are named once per client and window
+def _reached(prefix: str, name: str, key: str, algorithm: str, current: tuple[int, ...],
+             warm: bool, lock: bool, lease: bool) -> tuple[str, ...]:
+    base, field = _cell(prefix, name, key, algorithm)
+    if lease or REGISTRY[algorithm].reads_previous:
+        current = tuple(sorted({w for c in current for w in (c - 1, c)}))
+    out = [f"{base}:{w}" for w in current]
+    if warm:
+        out.append(f"{base}:w")
+    if lock:
+        out.append(lock_key(base, field))
+    return tuple(out)
 
 
 def lock_key(key: str, field: str = "") -> str:
