@@ -111,6 +111,7 @@ def _build_engine(config: Mapping[str, Any]) -> Engine:
         "version_key": _version_key(config["KEY_PREFIX"]),
         "live_key": f"{config['KEY_PREFIX']}live",  # engine.heartbeat: the heartbeat's set
         "breaker": _breaker,
+        "clock": config["CLOCK"],  # engine.keynames.CLOCKS: whose clock a script reads
     }
     url: RedisURL | None = config["REDIS_URL"]
     if url is not None:

@@ -30,11 +30,14 @@ def clean_state() -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "redis-client-clock", "memory"])
 def engine(request: pytest.FixtureRequest):
-    if request.param == "redis":
+    """Each engine: in process, and Redis with its scripts reading the server's clock or
+    with each call sending this process's (`clock="client"`, see `keynames.CLOCKS`)."""
+    if request.param != "memory":
         client = request.getfixturevalue("redis_client")
-        engine = RedisEngine(client, version_key="rl:version")
+        clock = "client" if request.param == "redis-client-clock" else "store"
+        engine = RedisEngine(client, version_key="rl:version", clock=clock)
         yield engine
         # Its tally sends counts and offenders from a thread up to FLUSH_EVERY later:
         # closed here, they reach this test's database, never the next test's.
