@@ -1,0 +1,247 @@
+"""Django Channels: WebSocket connection attempts and messages under the admin's policies.
+
+The server tests serve tests/servers/channels_site (a project with Channels' routing, as
+docs/recipes/websockets.md sets one up) with uvicorn on a private redis-server, and talk
+to it with a real WebSocket client (`websockets`). Every policy counts per minute or
+more, so no test waits for a window to pass.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.exceptions import ValidationError
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from ratelimits.channels import (
+    LIMITED_CLOSE_CODE,
+    UNAVAILABLE_CLOSE_CODE,
+    WEBSOCKET_CONNECT,
+    WEBSOCKET_RECEIVE,
+    websocket_request,
+)
+from ratelimits.matching.keykinds import parse_key
+from ratelimits.models import Policy
+from tests.support.workers import ROOT, Site
+
+#: Seconds a client waits for a frame: generous, for a loaded two-core machine.
+WAIT = 20
+
+
+def errors(**fields):
+    try:
+        Policy(name="p", limit=5, **fields).full_clean()
+    except ValidationError as exc:
+        return exc.message_dict
+    return {}
+
+
+# -- what a WebSocket policy may be ------------------------------------------------------
+
+
+@pytest.mark.django_db  # full_clean() asks whether the name is taken
+def test_websocket_policies_are_valid_without_methods_or_responses():
+    assert errors(scope=WEBSOCKET_CONNECT, path="/ws/chat/", key="ip") == {}
+    assert errors(scope=WEBSOCKET_RECEIVE, path="/ws/**", key="connection") == {}
+    assert errors(scope=WEBSOCKET_RECEIVE, key="user") == {}
+
+
+@pytest.mark.django_db
+def test_what_a_websocket_policy_cannot_have_is_refused_with_what_to_fix():
+    assert errors(key="connection") == {"key": [
+        "connection counts the messages of each WebSocket connection: give the policy the "
+        "scope websocket.receive, or choose another key."]}
+    assert errors(scope=WEBSOCKET_CONNECT, key="connection")["key"]
+    assert errors(scope=WEBSOCKET_RECEIVE, methods="GET") == {"methods": [
+        "A WebSocket policy is matched by its path alone: leave methods empty."]}
+    assert errors(scope=WEBSOCKET_CONNECT, charge_on="4xx") == {"charge_on": [
+        "A WebSocket has no responses to look at: leave charge_on empty."]}
+
+
+def test_a_websocket_request_gives_the_keys_what_an_http_one_does():
+    from django.contrib.auth.models import AnonymousUser
+
+    scope = {"type": "websocket", "path": "/ws/chat/", "query_string": b"room=7",
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"x-forwarded-for", b"203.0.113.9"), (b"x-api-key", b"k-1")],
+             "user": AnonymousUser()}
+    request = websocket_request(scope, "c0ffee")
+    read = {key: parse_key(key).identify(request, trusted_proxies=parse_proxies("127.0.0.1"))
+            for key in ("ip", "user", "user_or_ip", "header:X-Api-Key", "query:room",
+                        "connection")}
+    assert read == {"ip": "ip:203.0.113.9", "user": None, "user_or_ip": "ip:203.0.113.9",
+                    "header:X-Api-Key": "header:k-1", "query:room": "query:7",
+                    "connection": "connection:c0ffee"}
+    assert request.scope["type"] == "websocket" and request.method == "GET"
+    # an HTTP request has no connection: a `connection` policy never applies to one
+    assert parse_key("connection").identify(websocket_request({**scope, "type": "http"})) is None
+
+
+def parse_proxies(*networks):
+    from ratelimits.matching.identity import parse_trusted_proxies
+
+    return parse_trusted_proxies(networks)
+
+
+# -- under uvicorn, with a real client ----------------------------------------------------
+
+
+class ChannelsSite(Site):
+    """tests/servers/channels_site under uvicorn, started as a user starts it."""
+
+    def __init__(self, tmp, redis_url):
+        super().__init__(tmp, redis_url, settings="tests.servers.channels_site.settings",
+                         probe=None)
+
+    def start(self):  # type: ignore[override]
+        # the forwarding header is read by the site's TRUSTED_PROXIES, not by uvicorn
+        self.start_asgi("tests.servers.channels_site.asgi:application", "--no-proxy-headers")
+
+    def url(self, path):
+        return f"ws://127.0.0.1:{self.port}{path}"
+
+    def counts(self, name):
+        """The policy's figures of the last hour, as the admin shows them."""
+        code = ("import django, json; django.setup()\n"
+                "from ratelimits.ops import observe\n"
+                f"c = observe.last_hour([{name!r}])[{name!r}]\n"
+                "print(json.dumps({'admitted': c.admitted, 'rejected': c.rejected, "
+                "'would_reject': c.would_reject}))")
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=self.env,
+                             check=True, timeout=60, capture_output=True, text=True)
+        return json.loads(out.stdout)
+
+
+@pytest.fixture
+def site(tmp_path, private_redis):
+    site = ChannelsSite(tmp_path, private_redis.url)
+    yield site
+    site.stop()
+
+
+def exchange(site, path, messages, **headers):
+    """Send `messages` on one connection, then read one frame per message: the echo of
+    each handled one, a refusal for each refused one."""
+    with connect(site.url(path), additional_headers=headers, open_timeout=WAIT) as ws:
+        for message in messages:
+            ws.send(message)
+        return [ws.recv(timeout=WAIT) for _ in messages]
+
+
+def refusal(frame):
+    """The refusal frame's content, or None for any other frame."""
+    try:
+        content = json.loads(frame)
+    except ValueError:
+        return None
+    return content if isinstance(content, dict) and content.get("type") == "rate_limited" \
+        else None
+
+
+def closed_with(site, path, **headers):
+    """(close code, reason) of a connection the server closes before any message; None
+    when it stays open (its echo of a message comes back)."""
+    with connect(site.url(path), additional_headers=headers, open_timeout=WAIT) as ws:
+        try:
+            ws.send('"ping"')  # JSON, for the JSON consumer too
+            assert ws.recv(timeout=WAIT) in ('"ping"', '{"echo": "ping"}')
+            return None
+        except ConnectionClosed as closed:
+            return closed.rcvd.code, closed.rcvd.reason
+
+
+@pytest.mark.parametrize("path, message, echo", [
+    ("/ws/echo/", "m{}", "m{}"),  # WebsocketConsumer: sync, in a thread
+    ("/ws/json/", '{{"n": {}}}', '{{"echo": {{"n": {}}}}}'),  # AsyncJsonWebsocketConsumer
+])
+def test_twenty_messages_against_five_a_minute(site, path, message, echo):
+    site.policy(name="chat-messages", mode="enforce", algorithm="fixed_window", limit=5,
+                period=60, key="connection", scope=WEBSOCKET_RECEIVE, path=path)
+    site.start()
+    frames = exchange(site, path, [message.format(i) for i in range(20)])
+    handled = [f for f in frames if refusal(f) is None]
+    refused = [refusal(f) for f in frames if refusal(f) is not None]
+    assert handled == [echo.format(i) for i in range(5)]  # the first five, in order
+    assert len(refused) == 15
+    for frame in refused:
+        assert set(frame) == {"type", "policy", "retry_after"}
+        assert frame["policy"] == "chat-messages"
+        assert 1 <= frame["retry_after"] <= 60
+    # counted per connection: a new one has its own five
+    assert exchange(site, path, [message.format(i) for i in range(5)]) == [
+        echo.format(i) for i in range(5)]
+    assert site.counts("chat-messages") == {"admitted": 10, "rejected": 15,
+                                            "would_reject": 0}
+
+
+def test_connection_attempts_over_their_limit_are_closed_with_4029(site):
+    site.policy(name="chat-connects", mode="enforce", algorithm="fixed_window", limit=2,
+                period=60, key="ip", scope=WEBSOCKET_CONNECT, path="/ws/**")
+    site.start()
+    client = {"X-Forwarded-For": "203.0.113.9"}  # behind the site's trusted proxy
+    assert closed_with(site, "/ws/echo/", **client) is None
+    assert closed_with(site, "/ws/json/", **client) is None
+    code, reason = closed_with(site, "/ws/echo/", **client)
+    assert code == LIMITED_CLOSE_CODE == 4029
+    seconds = int(reason.removeprefix("retry_after="))
+    assert reason == f"retry_after={seconds}" and 1 <= seconds <= 60
+    # another client, as the proxy names it, has its own quota
+    assert closed_with(site, "/ws/echo/", **{"X-Forwarded-For": "198.51.100.4"}) is None
+    assert site.counts("chat-connects") == {"admitted": 3, "rejected": 1, "would_reject": 0}
+
+
+def test_a_concurrency_policy_counts_the_connections_open(site):
+    site.policy(name="one-tab", mode="enforce", algorithm="concurrency", limit=1,
+                period=60, key="ip", scope=WEBSOCKET_CONNECT, path="/ws/echo/")
+    site.start()
+    with connect(site.url("/ws/echo/"), open_timeout=WAIT) as first:
+        first.send("hi")
+        assert first.recv(timeout=WAIT) == "hi"
+        assert closed_with(site, "/ws/echo/")[0] == LIMITED_CLOSE_CODE  # one is open
+    # the slot comes back when the connection ends (the server hears of it a moment later)
+    deadline = time.monotonic() + WAIT
+    while (answer := closed_with(site, "/ws/echo/")) is not None:
+        assert time.monotonic() < deadline, f"still refused after the close: {answer}"
+        time.sleep(0.1)
+
+
+def test_shadow_lets_every_message_through_and_counts_the_would_be_refusals(site):
+    site.policy(name="chat-watch", mode="shadow", algorithm="fixed_window", limit=5,
+                period=60, key="connection", scope=WEBSOCKET_RECEIVE, path="/ws/echo/")
+    site.policy(name="connect-watch", mode="shadow", algorithm="fixed_window", limit=1,
+                period=60, key="ip", scope=WEBSOCKET_CONNECT, path="/ws/echo/")
+    site.start()
+    assert exchange(site, "/ws/echo/", [f"m{i}" for i in range(20)]) == [
+        f"m{i}" for i in range(20)]
+    assert closed_with(site, "/ws/echo/") is None  # a second connection, one message
+    assert site.counts("chat-watch") == {"admitted": 6, "rejected": 0, "would_reject": 15}
+    assert site.counts("connect-watch") == {"admitted": 1, "rejected": 0, "would_reject": 1}
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_a_store_outage_follows_on_error_without_a_traceback(site, private_redis,
+                                                             on_error):
+    site.policy(name="connects", mode="enforce", limit=100, period=60, key="ip",
+                scope=WEBSOCKET_CONNECT, path="/ws/json/", on_error=on_error)
+    site.policy(name="messages", mode="enforce", limit=100, period=60, key="connection",
+                scope=WEBSOCKET_RECEIVE, path="/ws/echo/", on_error=on_error)
+    site.start()
+    assert closed_with(site, "/ws/json/") is None  # the store answers: admitted
+    private_redis.proc.send_signal(signal.SIGKILL)
+    private_redis.proc.wait()
+    frames = exchange(site, "/ws/echo/", ["a", "b"])
+    if on_error == "allow":
+        assert frames == ["a", "b"]
+        assert closed_with(site, "/ws/json/") is None
+    else:
+        assert [refusal(f) for f in frames] == [
+            {"type": "rate_limited", "policy": "messages", "retry_after": 1}] * 2
+        assert closed_with(site, "/ws/json/") == (UNAVAILABLE_CLOSE_CODE, "retry_after=1")
+    site.stop()
+    assert "Traceback" not in site.server.stderr.read().decode()  # nothing escaped the app
