@@ -106,16 +106,32 @@ class ChannelsSite(Site):
     def url(self, path):
         return f"ws://127.0.0.1:{self.port}{path}"
 
+    def output(self, code):
+        """What `code`, run in a process of the site (Django set up), prints."""
+        out = subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + code],
+                             cwd=ROOT, env=self.env, check=True, timeout=60,
+                             capture_output=True, text=True)
+        return out.stdout.strip()
+
     def counts(self, name):
         """The policy's figures of the last hour, as the admin shows them."""
-        code = ("import django, json; django.setup()\n"
-                "from ratelimits.ops import observe\n"
-                f"c = observe.last_hour([{name!r}])[{name!r}]\n"
-                "print(json.dumps({'admitted': c.admitted, 'rejected': c.rejected, "
-                "'would_reject': c.would_reject}))")
-        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=self.env,
-                             check=True, timeout=60, capture_output=True, text=True)
-        return json.loads(out.stdout)
+        return json.loads(self.output(
+            "import json\nfrom ratelimits.ops import observe\n"
+            f"c = observe.last_hour([{name!r}])[{name!r}]\n"
+            "print(json.dumps({'admitted': c.admitted, 'rejected': c.rejected, "
+            "'would_reject': c.would_reject}))"))
+
+    def signed_in(self, username):
+        """The session cookie of a new user signed in, as the login view leaves it."""
+        return "sessionid=" + self.output(
+            "from django.contrib import auth\n"
+            "from django.contrib.sessions.backends.db import SessionStore\n"
+            f"user = auth.get_user_model().objects.create_user({username!r})\n"
+            "session = SessionStore()\n"
+            "session[auth.SESSION_KEY] = str(user.pk)\n"
+            "session[auth.BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend'\n"
+            "session[auth.HASH_SESSION_KEY] = user.get_session_auth_hash()\n"
+            "session.create()\nprint(session.session_key)")
 
 
 @pytest.fixture
@@ -178,6 +194,20 @@ def test_twenty_messages_against_five_a_minute(site, path, message, echo):
         echo.format(i) for i in range(5)]
     assert site.counts("chat-messages") == {"admitted": 10, "rejected": 15,
                                             "would_reject": 0}
+
+
+def test_a_user_key_counts_the_user_that_auth_middleware_stack_found(site):
+    site.policy(name="per-user", mode="enforce", algorithm="fixed_window", limit=3,
+                period=60, key="user", scope=WEBSOCKET_RECEIVE, path="/ws/echo/")
+    site.start()
+    ann = {"Cookie": site.signed_in("ann")}
+    assert exchange(site, "/ws/echo/", ["a", "b"], **ann) == ["a", "b"]
+    # another connection of the same user shares the quota
+    frames = exchange(site, "/ws/echo/", ["c", "d", "e"], **ann)
+    assert frames[0] == "c" and [refusal(f)["policy"] for f in frames[1:]] == ["per-user"] * 2
+    # another user has her own; an anonymous client has no user to count: not limited
+    assert exchange(site, "/ws/echo/", ["f"] * 3, Cookie=site.signed_in("bob")) == ["f"] * 3
+    assert exchange(site, "/ws/echo/", ["g"] * 5) == ["g"] * 5
 
 
 def test_connection_attempts_over_their_limit_are_closed_with_4029(site):
