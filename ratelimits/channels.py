@@ -79,8 +79,9 @@ def websocket_request(scope: Scope, connection: str | None = None) -> ASGIReques
 def refusal(verdict: Verdict) -> tuple[int, str]:
     """(whole seconds to wait, the name of the policy that refused) of a refused verdict:
     the first enforced policy over its limit, else (the store out of reach) the first
-    policy decided."""
-    refused = verdict.rejected_by or verdict.outcomes
+    enforced one whose `on_error` is `deny`."""
+    refused = verdict.rejected_by or [o for o in verdict.outcomes
+                                      if o.policy.on_error == "deny" and not o.shadow]
     name = refused[0].policy.name if refused else ""
     return max(verdict.retry_after, 1), name
 

@@ -261,6 +261,9 @@ def test_a_store_outage_follows_on_error_without_a_traceback(site, private_redis
                 scope=WEBSOCKET_CONNECT, path="/ws/json/", on_error=on_error)
     site.policy(name="messages", mode="enforce", limit=100, period=60, key="connection",
                 scope=WEBSOCKET_RECEIVE, path="/ws/echo/", on_error=on_error)
+    # a policy that lets messages through in an outage is not the one a refusal names
+    site.policy(name="lenient", mode="enforce", limit=100, period=60, key="connection",
+                scope=WEBSOCKET_RECEIVE, path="/ws/echo/", on_error="allow", priority=1)
     site.start()
     assert closed_with(site, "/ws/json/") is None  # the store answers: admitted
     private_redis.proc.send_signal(signal.SIGKILL)
