@@ -10,6 +10,7 @@ window's reset) counts the same.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -280,3 +281,53 @@ def test_a_store_outage_follows_on_error_without_a_traceback(site, private_redis
         assert closed_with(site, "/ws/json/") == (UNAVAILABLE_CLOSE_CODE, "retry_after=1")
     site.stop()
     assert "Traceback" not in site.server.stderr.read().decode()  # nothing escaped the app
+
+
+# -- the hook, overridden (in process, the consumer driven as a server drives it) ----------
+
+
+def test_an_async_consumer_may_override_the_hook_to_close_the_connection():
+    from asgiref.sync import async_to_sync
+    from channels.generic.websocket import AsyncWebsocketConsumer
+
+    from ratelimits.channels import MessageRateLimitMixin
+    from ratelimits.testing import limited
+
+    told = []
+
+    class StrictChat(MessageRateLimitMixin, AsyncWebsocketConsumer):
+        async def connect(self):
+            await self.accept()
+
+        async def receive(self, text_data=None, bytes_data=None):
+            await self.send(text_data=text_data)
+
+        async def rate_limited(self, retry_after, policy):
+            told.append((policy, retry_after))
+            await self.close(code=LIMITED_CLOSE_CODE)
+
+    async def talk():
+        incoming, sent = asyncio.Queue(), []
+        for message in ({"type": "websocket.connect"},
+                        {"type": "websocket.receive", "text": "a"},
+                        {"type": "websocket.receive", "text": "b"}):
+            incoming.put_nowait(message)
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "websocket.close":  # the client hears it and leaves
+                incoming.put_nowait({"type": "websocket.disconnect", "code": message["code"]})
+
+        scope = {"type": "websocket", "path": "/ws/strict/", "query_string": b"",
+                 "headers": [], "client": ("127.0.0.1", 50000), "subprotocols": []}
+        await asyncio.wait_for(StrictChat.as_asgi()(scope, incoming.get, send), WAIT)
+        return sent
+
+    with limited({"name": "strict", "rate": "1/m", "algorithm": "fixed_window",
+                  "key": "connection", "scope": WEBSOCKET_RECEIVE, "path": "/ws/strict/"}):
+        sent = async_to_sync(talk)()
+    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send",
+                                         "websocket.close"]
+    assert sent[1]["text"] == "a"  # the first message handled, the second refused
+    assert sent[2]["code"] == LIMITED_CLOSE_CODE
+    assert told == [("strict", 60)]  # the clock stands at the window's start: all of it
