@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import io
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -29,10 +30,17 @@ from typing import Any
 from channels.consumer import SyncConsumer
 from django.core.handlers.asgi import ASGIRequest
 
+from ratelimits import runtime
 from ratelimits.checks import ensure_valid
-from ratelimits.matching.keykinds import CONNECTION_META, WEBSOCKET_CONNECT, WEBSOCKET_RECEIVE
+from ratelimits.matching.keykinds import (
+    CONNECTION_META,
+    KEY_KINDS,
+    WEBSOCKET_CONNECT,
+    WEBSOCKET_RECEIVE,
+)
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.evaluation import ADMITTED, LIMITED, Verdict
+from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.state import RequestState
 
 __all__ = [
@@ -62,6 +70,8 @@ UNAVAILABLE_CLOSE_CODE = 1013
 _CONNECT = frozenset({WEBSOCKET_CONNECT})
 _RECEIVE = frozenset({WEBSOCKET_RECEIVE})
 
+logger = logging.getLogger("ratelimits")
+
 
 def websocket_request(scope: Scope, connection: str | None = None) -> ASGIRequest:
     """A Django request of a WebSocket's handshake (a GET), for the policies' keys: its
@@ -74,6 +84,29 @@ def websocket_request(scope: Scope, connection: str | None = None) -> ASGIReques
     if connection is not None:
         request.META[CONNECTION_META] = connection
     return request
+
+
+#: The WebSocket scopes whose policies this process has said cannot see a user.
+_told_no_user: set[str] = set()
+runtime.on_reset(_told_no_user.clear)
+
+
+def _warn_without_user(scope: Scope, kind: str) -> None:
+    """Log once per process when a policy of scope `kind` counts by the user and a
+    WebSocket's scope has none (the glue is outside `AuthMiddlewareStack`): its `user`
+    key skips every client, its `user_or_ip` counts them by address."""
+    if "user" in scope or kind in _told_no_user:
+        return
+    snap = resolver.ready()
+    for policy in snap.by_scope.get(kind, ()) if snap is not None else ():
+        if policy.key_spec.kind in KEY_KINDS.reads_user:
+            _told_no_user.add(kind)
+            logger.warning(
+                "ratelimits: policy %s counts WebSocket clients by %s, but the scope has "
+                "no user: put WebSocketRateLimit inside AuthMiddlewareStack "
+                "(AuthMiddlewareStack(WebSocketRateLimit(URLRouter(...))))",
+                policy.name, policy.key)
+            return
 
 
 def refusal(verdict: Verdict) -> tuple[int, str]:
@@ -118,6 +151,7 @@ class WebSocketRateLimit:
         state = RequestState()
         verdict = await evaluation.aevaluate(request, scopes=_CONNECT, sender=type(self),
                                              state=state)
+        _warn_without_user(scope, WEBSOCKET_CONNECT)
         if verdict is not None and verdict.status == ADMITTED and verdict.delay > 0:
             verdict = await evaluation.await_turn(verdict)
         try:
@@ -216,4 +250,5 @@ class MessageRateLimitMixin:
         if request is None:
             request = self._ratelimits_request = websocket_request(self.scope,
                                                                    uuid.uuid4().hex)
+        _warn_without_user(self.scope, WEBSOCKET_RECEIVE)
         return request, RequestState()

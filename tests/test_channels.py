@@ -286,6 +286,7 @@ def test_a_store_outage_follows_on_error_without_a_traceback(site, private_redis
 # -- the hook, overridden (in process, the consumer driven as a server drives it) ----------
 
 
+@pytest.mark.django_db  # a consumer closes stale database connections before each message
 def test_an_async_consumer_may_override_the_hook_to_close_the_connection():
     from asgiref.sync import async_to_sync
     from channels.generic.websocket import AsyncWebsocketConsumer
@@ -331,3 +332,42 @@ def test_an_async_consumer_may_override_the_hook_to_close_the_connection():
     assert sent[1]["text"] == "a"  # the first message handled, the second refused
     assert sent[2]["code"] == LIMITED_CLOSE_CODE
     assert told == [("strict", 60)]  # the clock stands at the window's start: all of it
+
+
+def test_a_user_policy_without_a_user_in_the_scope_says_where_the_glue_goes(caplog):
+    """WebSocketRateLimit outside AuthMiddlewareStack sees no user: said once, with the
+    order to write."""
+    from asgiref.sync import async_to_sync
+
+    from ratelimits.channels import WebSocketRateLimit
+    from ratelimits.testing import limited
+
+    async def consumer(scope, receive, send):
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+
+    async def attempt(scope):
+        incoming, sent = asyncio.Queue(), []
+        incoming.put_nowait({"type": "websocket.connect"})
+
+        async def send(message):
+            sent.append(message)
+
+        await asyncio.wait_for(WebSocketRateLimit(consumer)(scope, incoming.get, send), WAIT)
+        return sent
+
+    scope = {"type": "websocket", "path": "/ws/", "query_string": b"", "headers": [],
+             "client": ("127.0.0.1", 50000)}
+    with limited({"name": "per-user-connects", "rate": "5/m", "key": "user",
+                  "scope": WEBSOCKET_CONNECT, "path": "/ws/"}):
+        for _ in range(3):
+            assert async_to_sync(attempt)(scope)[0] == {"type": "websocket.accept"}
+        told = [r.getMessage() for r in caplog.records if "no user" in r.getMessage()]
+        assert told == [
+            "ratelimits: policy per-user-connects counts WebSocket clients by user, but the "
+            "scope has no user: put WebSocketRateLimit inside AuthMiddlewareStack "
+            "(AuthMiddlewareStack(WebSocketRateLimit(URLRouter(...))))"]
+        caplog.clear()
+        async_to_sync(attempt)({**scope, "user": None})  # a stack that put one there
+        assert not [r for r in caplog.records if "no user" in r.getMessage()]
