@@ -449,8 +449,8 @@ class _Clock:
         self.us: int | None = None
 
     def at(self) -> int:
-        if self.us is None:
-            self.us = to_us(time.time() if self.now is None else self.now)
+        if self.us is None:  # to_us, inline: read on every call of a windowed limit
+            self.us = round((time.time() if self.now is None else self.now) * US)
         return self.us
 
     def window(self, limit: Limit) -> tuple[int, int, int]:

@@ -141,7 +141,7 @@ def reached_keys(prefix: str, limit: Limit, at_us: int, *, exact: bool,
             start, end, _ = calendar.bounds(limit.calendar, limit.zone, at_us)
             current = (start // US,) if exact else (start // US, end // US)
         else:
-            win = at_us // period_us(limit)
+            win = at_us // max(1, round(limit.period * US))  # period_us, on every call
             current = (win,) if exact else (win - 1, win, win + 1)
     return _reached(prefix, limit.name, limit.key, limit.algorithm, current,
                     bool(limit.warmup), bool(limit.lockout), lease)
