@@ -1,5 +1,6 @@
 """Every engine test runs against both backends: Redis (real server) and in-process; the
-conformance tables against every engine there is (`every_engine`)."""
+conformance tables against every engine there is (`every_engine`), PostgreSQL's too (on
+the machine's server, in a database of the run's own)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ratelimits.engine.aio import AsyncClusterEngine, AsyncRedisEngine
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.deployments import async_twin_client
 from ratelimits.engine.local_first import LocalFirst
+from ratelimits.engine.postgres import PostgresEngine
 from ratelimits.engine.types import Decision
 
 #: An epoch second aligned to every window used in the tables (divisible by 3600).
@@ -119,6 +121,8 @@ ENGINES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "cluster": _cluster,
     "async-redis": _async_redis,
     "async-cluster": _async_cluster,
+    "postgres": lambda request: PostgresEngine(request.getfixturevalue("postgres_url"),
+                                               version_key="rl:version"),
 }
 
 
