@@ -12,9 +12,10 @@ forked child: a charge is never part of a view's transaction, so the view's roll
 cannot undo it and a long view cannot hold a client's lock.
 
 Not yet here (the pipeline is told so rather than left to guess): leases (`batch`),
-calendar windows, lockouts, refunds of reservations, and the change-push watch (each
-process reads the policy version instead). The counters and offenders are tallied in
-process and sent in the background, as the Redis engine does (`tally`).
+the heartbeat (`live_instances`) and the change-push watch (each process reads the
+policy version instead). The counters and offenders are tallied in process and sent in
+the background, as the Redis engine does (`tally`). A calendar window is found on this
+process's clock (the server's clock could only name it after the call).
 """
 
 from __future__ import annotations
@@ -23,19 +24,23 @@ import asyncio
 import math
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from importlib.resources import files
 from typing import Any
 
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.calendar import window
 from ratelimits.engine.constants import (
     CONCURRENCY_RETRY_US,
     EPS,
     FLOOR_EPS,
+    OFFENDERS_CAP,
     OFFENDERS_TTL,
     STATS_TTL,
     TOKEN_EPS,
+    US,
 )
 from ratelimits.engine.contract import assemble, result_values
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -49,7 +54,7 @@ from ratelimits.engine.keynames import (
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts, Tally
-from ratelimits.engine.types import REFUND, Decision, Limit
+from ratelimits.engine.types import Decision, Limit
 from ratelimits.engine.watch import ChangeWatch
 
 __all__ = ["PostgresEngine", "install_sql", "unsupported"]
@@ -69,6 +74,7 @@ _SQL_CONSTANTS = {
     "__CONCURRENCY_RETRY_US__": CONCURRENCY_RETRY_US,
     "__STATS_TTL__": STATS_TTL,
     "__OFFENDERS_TTL__": OFFENDERS_TTL,
+    "__OFFENDERS_CAP__": OFFENDERS_CAP,
     "__LOCK_SPACE__": LOCK_SPACE,
 }
 
@@ -85,16 +91,11 @@ def install_sql() -> str:
 
 
 def unsupported(limit: Limit) -> str | None:
-    """Why this engine cannot decide `limit` yet (None: it can)."""
+    """Why this engine cannot decide `limit` (None: it can)."""
     spec = REGISTRY[limit.algorithm]
     if spec.learned:
-        return f"{spec.label} is learnt in each process, not decided by a store"
-    if limit.calendar:
-        return "calendar windows are not supported by the PostgreSQL engine yet"
-    if limit.lockout:
-        return "lockouts are not supported by the PostgreSQL engine yet"
-    if limit.stage == REFUND:
-        return "refunds of reservations are not supported by the PostgreSQL engine yet"
+        return (f"{spec.label} is learnt in each process "
+                "(ratelimits.engine.adaptive.AdaptiveEngine), not decided by a store")
     return None
 
 
@@ -211,8 +212,11 @@ class PostgresEngine(Acquiring):
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits: one
         call of `ratelimits_decide_v1`."""
-        keys, algos, ls, ps, bs, cs, mws, ws, shadows = ([] for _ in range(9))
+        keys, algos, ls, ps, bs, cs, mws, ws, shadows, lockouts, stages, wins, ends = (
+            [] for _ in range(13))
         holds = False
+        if now is None and any(limit.calendar for limit in limits):
+            now = time.time()  # a calendar window is named before the call
         for limit in limits:
             why = unsupported(limit)
             if why is not None:
@@ -227,14 +231,23 @@ class PostgresEngine(Acquiring):
             mws.append(float(to_us(limit.max_wait)))
             ws.append(float(to_us(limit.warmup)))
             shadows.append(limit.shadow)
+            lockouts.append(float(to_us(limit.lockout)))
+            stages.append(limit.stage)
+            if limit.calendar and now is not None:
+                start, end = window(limit.calendar, limit.zone, now)
+                wins.append(float(start))
+                ends.append(float(end * US))
+            else:
+                wins.append(None)
+                ends.append(None)
             holds = holds or spec.holds_slots
         token = new_token() if holds else None
         now_us = None if now is None else float(to_us(now))
         row = self._call(
             "SELECT * FROM ratelimits_decide_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-            "%s, %s)",
-            (now_us, keys, algos, ls, ps, bs, cs, mws, ws, shadows, token,
-             self.version_key),
+            "%s, %s, %s::float8[], %s::float8[], %s, %s)",
+            (now_us, keys, algos, ls, ps, bs, cs, mws, ws, shadows, lockouts, stages,
+             wins, ends, token, self.version_key),
         )
         self._chores(now_us)
         decided_us, admitted, version, remaining, reset_after, wait, outcome = row
@@ -359,6 +372,12 @@ class PostgresEngine(Acquiring):
         """Add figures to policy `name`'s counters of that minute (see `tally`)."""
         self.tally.add_fields(name, now_us, fields)
 
+    def _flush_pending(self) -> None:
+        """Send this process's tally before reading figures (other processes' arrive
+        within `tally.FLUSH_EVERY`)."""
+        if self.tally.pending():
+            self.tally.flush()
+
     def flush(self) -> None:
         """Send what is tallied now (EngineUnavailable when it cannot)."""
         self.tally.flush()
@@ -371,6 +390,7 @@ class PostgresEngine(Acquiring):
         """`counters()` of many (name, minute) pairs, in one call."""
         if not wanted:
             return []
+        self._flush_pending()
         row = self._call(
             "SELECT coalesce(json_agg(json_build_array(w.i, c.field, c.n)), '[]') "
             "FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY w(name, minute, i) "
@@ -392,16 +412,20 @@ class PostgresEngine(Acquiring):
         """`offenders()` of many (name, hour) pairs, in one call."""
         if not wanted:
             return []
+        self._flush_pending()
         row = self._call(
-            "SELECT coalesce(json_agg(json_build_array(w.i, o.who, o.n)), '[]') "
+            "SELECT coalesce(json_agg(json_build_array(w.i, o.who, o.n, o.e)), '[]') "
             "FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY w(name, hour, i) "
             "JOIN ratelimits_offenders_v1 o ON o.name = w.name AND o.hour = w.hour",
             ([name for name, _ in wanted], [hour for _, hour in wanted]),
         )
-        found: list[dict[str, int]] = [{} for _ in wanted]
-        for i, who, count in row[0]:
-            found[i - 1][who] = int(count)
-        return [guaranteed(counts, {}, n) for counts in found]
+        found: list[tuple[dict[str, int], dict[str, int]]] = [({}, {}) for _ in wanted]
+        for i, who, count, error in row[0]:
+            counts, errors = found[i - 1]
+            counts[who] = int(count)
+            if error:
+                errors[who] = int(error)
+        return [guaranteed(counts, errors, n) for counts, errors in found]
 
     def forget_figures(self, name: str, now: float | None = None) -> None:
         """Forget every figure of policy `name`: its counters and offenders."""

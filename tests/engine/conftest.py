@@ -32,8 +32,14 @@ def clean_state() -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "memory", "postgres"])
 def engine(request: pytest.FixtureRequest):
+    if request.param == "postgres":
+        engine = PostgresEngine(request.getfixturevalue("postgres_url"),
+                                version_key="rl:version")
+        yield engine
+        engine.close()
+        return
     if request.param == "redis":
         client = request.getfixturevalue("redis_client")
         engine = RedisEngine(client, version_key="rl:version")

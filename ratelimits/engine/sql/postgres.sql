@@ -36,8 +36,10 @@ CREATE INDEX IF NOT EXISTS ratelimits_counts_v1_expires ON ratelimits_counts_v1 
 CREATE UNLOGGED TABLE IF NOT EXISTS ratelimits_offenders_v1 (
     name text NOT NULL,
     hour bigint NOT NULL,
-    who text NOT NULL,
+    who text COLLATE "C" NOT NULL,
     n bigint NOT NULL,
+    -- the count inherited on entering a full list (Space-Saving): n - e is certain
+    e bigint NOT NULL,
     expires float8 NOT NULL,
     PRIMARY KEY (name, hour, who)
 );
@@ -57,17 +59,61 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT now + greatest(1, ceil(ttl / 1000)) * 1000 $
 CREATE OR REPLACE FUNCTION ratelimits_floor0_v1(x float8) RETURNS float8
 LANGUAGE sql IMMUTABLE AS $$ SELECT greatest(0, floor(x + __FLOOR_EPS__)) $$;
 
+-- Take back what a reservation made at `now` charged (charging.unreserve, the twin of
+-- lua/check_all.lua's): from the window it counted in, from the log, from a bucket not
+-- refilled since, from a GCRA arrival time; each row keeps its expiry.
+CREATE OR REPLACE FUNCTION ratelimits_unreserve_v1(
+    p_key text, p_alg text, now float8, "L" float8, "P" float8, "B" float8, c float8,
+    p_cal_win float8) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    st float8[];
+    tat float8;
+BEGIN
+    IF p_alg IN ('fixed_window', 'sliding_window') THEN
+        UPDATE ratelimits_state_v1 SET v[1] = v[1] - c
+            WHERE k = p_key || ':' || coalesce(p_cal_win, floor(now / "P"))::bigint
+              AND expires > now AND v[1] >= c;
+    ELSIF p_alg = 'sliding_log' THEN
+        SELECT s.v INTO st FROM ratelimits_state_v1 s WHERE s.k = p_key AND s.expires > now;
+        IF st IS NOT NULL THEN
+            -- the first `c` entries at `now` go, the others stay in order
+            SELECT coalesce(array_agg(t ORDER BY o), '{}') INTO st FROM (
+                SELECT t, o, row_number() OVER (PARTITION BY t = now ORDER BY o) AS r
+                FROM unnest(st) WITH ORDINALITY u(t, o)) x
+                WHERE NOT (t = now AND r <= c);
+            UPDATE ratelimits_state_v1 SET v = st WHERE k = p_key;
+        END IF;
+    ELSIF p_alg = 'token_bucket' THEN
+        UPDATE ratelimits_state_v1 SET v[1] = least("B", v[1] + c)
+            WHERE k = p_key AND expires > now AND v[2] = now;
+    ELSIF p_alg = 'gcra' THEN
+        SELECT s.v[1] INTO tat FROM ratelimits_state_v1 s WHERE s.k = p_key AND s.expires > now;
+        IF tat IS NOT NULL THEN
+            tat := tat - c * "P" / "L";
+            IF tat <= now THEN
+                DELETE FROM ratelimits_state_v1 WHERE k = p_key;
+            ELSE
+                UPDATE ratelimits_state_v1 SET v[1] = tat WHERE k = p_key;
+            END IF;
+        END IF;
+    END IF;
+END
+$$;
+
 -- One request's limits decided in one call: every limit checked, then all of them
 -- charged or none (a refusal by a limit that is not a shadow charges nothing), each
 -- step as its twin in ratelimits/engine/algorithms.py, in the same float8 (IEEE double)
 -- arithmetic, so both reach the same figures. Times are µs; `p_now` NULL: the server's
--- clock. The clients' states are locked by transaction-level advisory locks taken in
+-- clock. A calendar window is given by its number and end (`p_cal_win`, `p_cal_end`;
+-- NULL: a period-long window), a lockout in µs (0: none), a stage as `Limit.stage`
+-- (2: take back the reservation made at `p_now`). The clients' states are locked by transaction-level advisory locks taken in
 -- the order of their hashes, so two requests sharing keys wait for each other and never
 -- deadlock; the locks end with the call's transaction (the engine's connection is in
 -- autocommit, so that is this statement).
 CREATE OR REPLACE FUNCTION ratelimits_decide_v1(
     p_now float8, p_keys text[], p_algos text[], p_l float8[], p_p float8[], p_b float8[],
-    p_c float8[], p_mw float8[], p_w float8[], p_shadow boolean[], p_token text,
+    p_c float8[], p_mw float8[], p_w float8[], p_shadow boolean[], p_lockout float8[],
+    p_stage int[], p_cal_win float8[], p_cal_end float8[], p_token text,
     p_version_key text,
     OUT now_us float8, OUT admitted boolean, OUT version bigint, OUT remaining float8[],
     OUT reset_after float8[], OUT wait float8[], OUT outcome text[])
@@ -79,7 +125,11 @@ DECLARE
     i int;
     j int;
     key text;
+    wkey text;
     al text;
+    locked boolean[] := '{}';
+    is_locked boolean;
+    until float8;
     "L" float8; "P" float8; "B" float8; c float8; mw float8; "W" float8;
     "T" float8; "C" float8;
     st float8[];
@@ -111,16 +161,25 @@ BEGIN
         key := p_keys[i]; al := p_algos[i];
         "L" := p_l[i]; "P" := p_p[i]; "B" := p_b[i]; c := p_c[i]; mw := p_mw[i];
         "W" := p_w[i];
-        r_dly := 0; r_rty := 0;
-        IF al = 'fixed_window' THEN
-            win := floor(now / "P");
-            r_rst := (win + 1) * "P" - now;
-            key := key || ':' || win::bigint;
-            SELECT s.v[1] INTO cnt FROM ratelimits_state_v1 s WHERE s.k = key AND s.expires > now;
+        r_dly := 0; r_rty := 0; is_locked := false;
+        IF p_stage[i] = 2 THEN
+            -- a reservation taken back: not checked, never refuses (charging.unreserve)
+            PERFORM ratelimits_unreserve_v1(key, al, now, "L", "P", "B", c, p_cal_win[i]);
+            a := 1; r_rem := 0; r_rst := 0;
+        ELSIF al = 'fixed_window' THEN
+            IF p_cal_win[i] IS NULL THEN
+                win := floor(now / "P");
+                r_rst := (win + 1) * "P" - now;
+            ELSE
+                win := p_cal_win[i];
+                r_rst := p_cal_end[i] - now;
+            END IF;
+            wkey := key || ':' || win::bigint;
+            SELECT s.v[1] INTO cnt FROM ratelimits_state_v1 s WHERE s.k = wkey AND s.expires > now;
             cnt := coalesce(cnt, 0);
             IF cnt + c <= "L" THEN
                 a := 1; r_rem := "L" - cnt - c;
-                w_i := w_i || i; w_k := w_k || key; w_v := w_v || ARRAY[cnt + c]::text;
+                w_i := w_i || i; w_k := w_k || wkey; w_v := w_v || ARRAY[cnt + c]::text;
                 w_m := w_m || NULL::text; w_ttl := w_ttl || r_rst;
             ELSE
                 a := 0; r_rem := ratelimits_floor0_v1("L" - cnt); r_rty := r_rst;
@@ -245,7 +304,7 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
 
-        IF "W" > 0 THEN
+        IF "W" > 0 AND p_stage[i] <> 2 THEN
             -- warm-up (algorithms.py `warm_check`): the base algorithm's figures above,
             -- behind a gate that paces a cold client
             "T" := "P" / "L";
@@ -298,12 +357,36 @@ BEGIN
             END IF;
         END IF;
 
+        IF p_lockout[i] > 0 AND p_stage[i] <> 2 THEN
+            -- a lockout holding the client refuses whatever the check found
+            SELECT s.v[1] INTO until FROM ratelimits_state_v1 s
+                WHERE s.k = key || ':x' AND s.expires > now;
+            IF until > now THEN
+                a := 0; r_rem := 0; r_rst := greatest(r_rst, until - now);
+                r_rty := until - now; r_dly := 0; is_locked := true;
+            END IF;
+        END IF;
+        locked := locked || is_locked;
         ok := ok || a; rem := rem || r_rem; rst := rst || r_rst; rty := rty || r_rty;
         dly := dly || r_dly;
         IF a = 0 AND NOT p_shadow[i] THEN refused := true; END IF;
     END LOOP;
 
     admitted := NOT refused;
+    IF refused THEN
+        -- each enforced limit that refused starts its lockout, unless one holds already
+        FOR i IN 1 .. nl LOOP
+            IF ok[i] = 0 AND NOT p_shadow[i] AND p_lockout[i] > 0 AND NOT locked[i] THEN
+                INSERT INTO ratelimits_state_v1 AS s (k, v, m, expires)
+                    VALUES (p_keys[i] || ':x', ARRAY[now + p_lockout[i]], NULL,
+                            ratelimits_expiry_v1(now, p_lockout[i]))
+                    ON CONFLICT (k) DO UPDATE
+                    SET v = excluded.v, m = excluded.m, expires = excluded.expires;
+                rst[i] := greatest(rst[i], p_lockout[i]);
+                rty[i] := greatest(rty[i], p_lockout[i]);
+            END IF;
+        END LOOP;
+    END IF;
     IF admitted THEN
         FOR j IN 1 .. coalesce(array_length(w_i, 1), 0) LOOP
             IF ok[w_i[j]] = 1 THEN
@@ -318,7 +401,9 @@ BEGIN
 
     remaining := '{}'; reset_after := rst; wait := '{}'; outcome := '{}';
     FOR i IN 1 .. nl LOOP
-        IF ok[i] = 1 AND admitted THEN
+        IF p_stage[i] = 2 THEN
+            outcome := outcome || 'o'::text; remaining := remaining || rem[i];
+        ELSIF ok[i] = 1 AND admitted THEN
             outcome := outcome || 'a'::text; remaining := remaining || rem[i];
         ELSIF ok[i] = 1 THEN
             outcome := outcome || 'o'::text; remaining := remaining || (rem[i] + p_c[i]);
@@ -403,18 +488,47 @@ $$;
 -- Add what a process tallied (engine/tally.py) to the per-minute counters and to the
 -- hourly offenders, in key order (two senders never deadlock). A minute's counters are
 -- kept `STATS_TTL` after it starts, an hour's offenders `OFFENDERS_TTL` after it ends.
+-- Each policy-hour keeps at most `OFFENDERS_CAP` offenders, as lua/prelude.lua's
+-- `offend` keeps them (Space-Saving): a newcomer to a full list takes the place of the
+-- least refused (ties: the smallest name) and inherits its count as its error.
 CREATE OR REPLACE FUNCTION ratelimits_count_v1(
     p_names text[], p_minutes bigint[], p_fields text[], p_ns bigint[],
     p_onames text[], p_hours bigint[], p_whos text[], p_ons bigint[])
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    h int;
+    o record;
+    members int;
+    inherited bigint;
+BEGIN
     INSERT INTO ratelimits_counts_v1 AS t (name, minute, field, n, expires)
         SELECT nm, mi, f, sum(x), (mi * 60 + __STATS_TTL__)::float8 * 1000000
         FROM unnest(p_names, p_minutes, p_fields, p_ns) u(nm, mi, f, x)
         GROUP BY nm, mi, f ORDER BY nm, mi, f
         ON CONFLICT (name, minute, field) DO UPDATE SET n = t.n + excluded.n;
-    INSERT INTO ratelimits_offenders_v1 AS t (name, hour, who, n, expires)
-        SELECT nm, hr, who, sum(x), ((hr + 1) * 3600 + __OFFENDERS_TTL__)::float8 * 1000000
-        FROM unnest(p_onames, p_hours, p_whos, p_ons) u(nm, hr, who, x)
-        GROUP BY nm, hr, who ORDER BY nm, hr, who
-        ON CONFLICT (name, hour, who) DO UPDATE SET n = t.n + excluded.n;
+    FOR h IN SELECT DISTINCT hashtext(nm || ':' || hr) FROM unnest(p_onames, p_hours) u(nm, hr)
+             ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(__LOCK_SPACE__ + 1, h);
+    END LOOP;
+    FOR o IN SELECT nm, hr, who, sum(x)::bigint AS x
+             FROM unnest(p_onames, p_hours, p_whos, p_ons) u(nm, hr, who, x)
+             GROUP BY nm, hr, who ORDER BY nm, hr, who LOOP
+        UPDATE ratelimits_offenders_v1 t SET n = t.n + o.x
+            WHERE t.name = o.nm AND t.hour = o.hr AND t.who = o.who;
+        CONTINUE WHEN FOUND;
+        inherited := 0;
+        SELECT count(*) INTO members FROM ratelimits_offenders_v1 t
+            WHERE t.name = o.nm AND t.hour = o.hr;
+        IF members >= __OFFENDERS_CAP__ THEN
+            DELETE FROM ratelimits_offenders_v1 t WHERE t.name = o.nm AND t.hour = o.hr
+                AND t.who = (SELECT t2.who FROM ratelimits_offenders_v1 t2
+                             WHERE t2.name = o.nm AND t2.hour = o.hr
+                             ORDER BY t2.n, t2.who LIMIT 1)
+                RETURNING t.n INTO inherited;
+        END IF;
+        INSERT INTO ratelimits_offenders_v1 (name, hour, who, n, e, expires)
+            VALUES (o.nm, o.hr, o.who, inherited + o.x, inherited,
+                    ((o.hr + 1) * 3600 + __OFFENDERS_TTL__)::float8 * 1000000);
+    END LOOP;
+END
 $$;
