@@ -25,6 +25,8 @@ ratelimits.W010  a saved policy cannot run as saved: its call: key or cost funct
 ratelimits.E005  RATELIMIT_USE_CACHE (django-ratelimit's) names a cache every process
                  shares that is not Redis: ratelimits would count in each process alone
 ratelimits.W009  RATELIMIT_USE_CACHE is set but not read: RATELIMITS names the store
+ratelimits.E006  RATELIMITS["DATABASE"] names no DATABASES alias, or one that is not
+                 PostgreSQL
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
 and how to fix it.
@@ -45,7 +47,7 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import UPSTREAM_CACHE, build_config, setting_or_default, user_settings
 from ratelimits.matching.paths import PathPattern, normalize_path
-from ratelimits.pipeline.engines import cache_backend, is_redis_backend
+from ratelimits.pipeline.engines import cache_backend, is_redis_backend, postgres_conninfo
 from ratelimits.pipeline.metrics import available
 
 MIDDLEWARE = "ratelimits.middleware.RateLimitMiddleware"
@@ -100,6 +102,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         )
     if config["REDIS_URL"] is not None:
         return messages  # the engine's own Redis: CACHE is not used, and limits are shared
+    if config["DATABASE"] is not None:
+        try:  # PostgreSQL: CACHE is not used either
+            postgres_conninfo(config["DATABASE"])
+        except ImproperlyConfigured as exc:
+            messages.append(checks.Error(
+                str(exc), hint="See the PostgreSQL section of docs/scale-out.md.",
+                id="ratelimits.E006"))
+        return messages
     alias = config["CACHE"]
     backend = cache_backend(alias)
     named = "RATELIMITS['CACHE']"
