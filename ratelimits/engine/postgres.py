@@ -20,7 +20,7 @@ process's clock (the server's clock could only name it after the call).
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -102,7 +102,7 @@ def unsupported(limit: Limit) -> str | None:
 class PostgresEngine(Acquiring):
     """Decides on a PostgreSQL server at `conninfo` (a `postgresql://` URL or a libpq
     connection string). Thread-safe: each thread of each process talks through its own
-    autocommit connection.
+    autocommit connection (async code: in a worker thread, `Acquiring`'s).
 
     `timeout` (seconds) bounds each statement on the server, `connect_timeout` each new
     connection; a server out of reach, or one too slow, raises `EngineUnavailable`, as
@@ -202,18 +202,28 @@ class PostgresEngine(Acquiring):
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None and self._local.pid == os.getpid():
-            try:
+            with contextlib.suppress(Exception):  # a broken connection may fail to close
                 conn.close()
-            except Exception:  # noqa: S110 - a broken connection may fail to close
-                pass
 
     # -- deciding ------------------------------------------------------------------
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits: one
         call of `ratelimits_decide_v1`."""
-        keys, algos, ls, ps, bs, cs, mws, ws, shadows, lockouts, stages, wins, ends = (
-            [] for _ in range(13))
+        keys: list[str] = []
+        algos: list[str] = []
+        shadows: list[bool] = []
+        stages: list[int] = []
+        ls: list[float] = []
+        ps: list[float] = []
+        bs: list[float] = []
+        cs: list[float] = []
+        mws: list[float] = []
+        ws: list[float] = []
+        lockouts: list[float] = []
+        #: a calendar window's number and end (None: a period-long window)
+        wins: list[float | None] = []
+        ends: list[float | None] = []
         holds = False
         if now is None and any(limit.calendar for limit in limits):
             now = time.time()  # a calendar window is named before the call
@@ -266,25 +276,13 @@ class PostgresEngine(Acquiring):
         self._calls += 1
         if self._calls % SWEEP_EVERY:
             return
-        try:
+        with contextlib.suppress(EngineError):  # the next sweep deletes what this one left
             self._call("SELECT ratelimits_sweep_v1(%s, %s)", (now_us, SWEEP_ROWS))
-        except EngineError:
-            pass  # the next sweep deletes what this one left
 
     def sweep(self, now: float | None = None, most: int = SWEEP_ROWS) -> int:
         """Delete at most `most` expired rows of each table now; how many went."""
         now_us = None if now is None else float(to_us(now))
         return int(self._call("SELECT ratelimits_sweep_v1(%s, %s)", (now_us, most))[0])
-
-    async def aevaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
-        """`evaluate()` in a worker thread (psycopg's blocking connection)."""
-        return await asyncio.to_thread(self.evaluate, limits, now)
-
-    async def arelease(self, decision: Decision) -> None:
-        await asyncio.to_thread(self.release, decision)
-
-    async def aread_version(self) -> int:
-        return await asyncio.to_thread(self.read_version)
 
     # -- held slots ----------------------------------------------------------------
 

@@ -177,6 +177,11 @@ def postgres_conninfo(database: str) -> str:
             f"RATELIMITS['DATABASE'] is {database!r}, whose ENGINE is {backend!r}: the "
             "limits can be kept in PostgreSQL only (django.db.backends.postgresql); "
             "name a PostgreSQL alias, or use Redis (REDIS_URL or CACHE).")
+    return conninfo_of(entry)
+
+
+def conninfo_of(entry: Mapping[str, Any]) -> str:
+    """A libpq connection string of the server and database of one DATABASES entry."""
     params = {key: value for key, value in (entry.get("OPTIONS") or {}).items()
               if key not in _DJANGO_OPTIONS}
     for key, name in (("NAME", "dbname"), ("USER", "user"), ("PASSWORD", "password"),

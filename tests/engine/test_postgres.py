@@ -1,0 +1,193 @@
+"""What the PostgreSQL engine does beyond the tables every engine answers: its own
+connections and clock, expiry without a cron job, an outage said as the engine's error,
+what it does not do yet refused clearly; and how a site chooses it."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import psycopg
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from ratelimits.conf import build_config
+from ratelimits.engine import Limit
+from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
+from ratelimits.engine.local_first import LocalFirst
+from ratelimits.engine.postgres import PostgresEngine
+from ratelimits.pipeline.engines import conninfo_of, get_engine, is_shared, postgres_conninfo
+from tests.engine.conftest import T0
+
+
+@pytest.fixture
+def pg(postgres_url):
+    engine = PostgresEngine(postgres_url, version_key="rl:version")
+    yield engine
+    engine.close()
+
+
+def _rows(url: str, table: str = "ratelimits_state_v1") -> int:
+    with psycopg.connect(url) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def test_the_server_clock_decides_when_no_time_is_given(pg):
+    limit = Limit("c", "fixed_window", 2, 3600)
+    first = pg.evaluate([limit])
+    assert first.allowed and first.results[0].remaining == 1
+    assert pg.evaluate([limit]).allowed
+    refused = pg.evaluate([limit])
+    assert not refused.allowed
+    assert 0 < refused.results[0].retry_after <= 3600
+
+
+def test_a_refusal_by_one_limit_charges_none(pg):
+    loose = Limit("c", "sliding_log", 5, 60, name="loose")
+    tight = Limit("c", "fixed_window", 1, 60, name="tight")
+    assert pg.evaluate([loose, tight], now=T0).allowed
+    refused = pg.evaluate([loose, tight], now=T0)
+    assert not refused.allowed
+    assert refused.results[0].remaining == 4  # spared: the log's unit was not taken
+    assert pg.evaluate([loose], now=T0).results[0].remaining == 3
+
+
+def test_a_view_rollback_cannot_undo_a_charge(pg, postgres_url):
+    """The engine's connection is its own, in autocommit: a transaction of the site's
+    that rolls back leaves the charge made meanwhile."""
+    limit = Limit("c", "fixed_window", 1, 60)
+    with psycopg.connect(postgres_url) as site:
+        site.execute("SELECT 1")  # a transaction open on the site's connection
+        assert pg.evaluate([limit], now=T0).allowed
+        site.rollback()
+    assert not pg.evaluate([limit], now=T0).allowed
+
+
+def test_expired_rows_are_absent_and_swept_in_bounded_steps(pg, postgres_url):
+    for i in range(5):
+        pg.evaluate([Limit(f"c{i}", "fixed_window", 1, 10)], now=T0)
+    assert _rows(postgres_url) == 5
+    assert pg.sweep(now=T0 + 9.999) == 0  # live until their window ends
+    assert pg.sweep(now=T0 + 10, most=2) == 2
+    assert pg.sweep(now=T0 + 10) == 3
+    assert _rows(postgres_url) == 0
+
+
+def test_every_thousandth_call_sweeps(pg, postgres_url):
+    pg.evaluate([Limit("gone", "fixed_window", 1, 1)], now=T0)
+    limit = Limit("busy", "sliding_log", 10_000, 3600)
+    for _ in range(999):
+        pg.evaluate([limit], now=T0 + 5)
+    assert _rows(postgres_url) == 1  # the sweep ran on the 1,000th call, after it wrote
+
+
+def test_reset_forgets_every_row_of_the_client_and_no_other(pg):
+    limit = Limit("c", "sliding_window", 1, 10)
+    other = Limit("d", "sliding_window", 1, 10)
+    for at in (T0, T0 + 10):
+        pg.evaluate([limit], now=at)
+        pg.evaluate([other], now=at)
+    pg.reset(limit, now=T0 + 10)
+    assert pg.evaluate([limit], now=T0 + 10).allowed
+    assert not pg.evaluate([other], now=T0 + 10).allowed
+
+
+def test_the_version_is_read_and_bumped(pg):
+    assert pg.read_version() == 0
+    assert pg.bump_version() == 1
+    assert pg.evaluate([Limit("c", "fixed_window", 1, 10)], now=T0).version == 1
+
+
+def test_a_forked_child_opens_its_own_connection(pg):
+    limit = Limit("c", "fixed_window", 2, 3600)
+    assert pg.evaluate([limit], now=T0).allowed  # the parent's connection is open
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection; the parent's is left alone
+        code = 0 if pg.evaluate([limit], now=T0).allowed else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not pg.evaluate([limit], now=T0).allowed  # the parent's still answers
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def test_a_server_out_of_reach_is_the_engines_error_and_opens_the_breaker():
+    breaker = CircuitBreaker(failures=2, cooldown=60)
+    engine = PostgresEngine(_dead_url(), breaker=breaker)
+    limit = Limit("c", "fixed_window", 1, 10)
+    for _ in range(2):
+        with pytest.raises(EngineUnavailable, match="PostgreSQL did not answer"):
+            engine.evaluate([limit])
+    with pytest.raises(CircuitOpen):  # fails fast, no connection tried
+        engine.evaluate([limit])
+
+
+def test_what_it_does_not_do_yet_is_refused_clearly(pg):
+    with pytest.raises(ValueError, match="adaptive concurrency is learnt in each process"):
+        pg.evaluate([Limit("c", "adaptive", 10, 5)])
+    with pytest.raises(EngineError, match=r"leases .* not supported by the PostgreSQL"):
+        pg.lease([Limit("c", "fixed_window", 10, 60, batch=5)])
+    assert pg.watch() is None
+
+
+def test_a_batch_is_left_unused_and_every_request_decided_exactly(pg):
+    engine = LocalFirst(pg, leasing=False)
+    limit = Limit("c", "fixed_window", 3, 60, batch=2)
+    assert [engine.evaluate([limit], now=T0).allowed for _ in range(4)] == [
+        True, True, True, False]
+
+
+# -- choosing it -------------------------------------------------------------------------
+
+
+def test_database_takes_an_alias_or_a_postgresql_url():
+    assert build_config({"DATABASE": "default"})["DATABASE"] == "default"
+    url = "postgresql://app@db.internal/app"
+    assert build_config({"DATABASE": url})["DATABASE"] == url
+    with pytest.raises(ImproperlyConfigured, match="a Redis URL goes in REDIS_URL"):
+        build_config({"DATABASE": "redis://127.0.0.1:6379/0"})
+    with pytest.raises(ImproperlyConfigured, match="keep REDIS_URL for Redis, or DATABASE"):
+        build_config({"DATABASE": "default", "REDIS_URL": "redis://127.0.0.1:6379/0"})
+
+
+def test_an_alias_gives_its_server_but_not_djangos_own_options():
+    conninfo = conninfo_of({
+        "ENGINE": "django.db.backends.postgresql", "NAME": "app", "USER": "o'brien",
+        "PASSWORD": "", "HOST": "db.internal", "PORT": 6432,
+        "OPTIONS": {"sslmode": "require", "isolation_level": 1}})
+    assert psycopg.conninfo.conninfo_to_dict(conninfo) == {
+        "dbname": "app", "user": "o'brien", "host": "db.internal", "port": "6432",
+        "sslmode": "require"}
+    with pytest.raises(ImproperlyConfigured, match=r"ENGINE is 'django\.db\.backends\.sqlite3'"):
+        postgres_conninfo("default")  # the suite's SQLite
+    with pytest.raises(ImproperlyConfigured, match="not an alias in DATABASES"):
+        postgres_conninfo("other")
+
+
+def test_a_site_pointing_at_postgresql_decides_there(settings, postgres_url):
+    settings.RATELIMITS = {"DATABASE": postgres_url}
+    engine = get_engine()
+    assert isinstance(engine, LocalFirst) and isinstance(engine.store, PostgresEngine)
+    assert is_shared()
+    limit = Limit("c", "fixed_window", 1, 60)
+    assert engine.evaluate([limit], now=T0).allowed
+    assert not PostgresEngine(postgres_url).evaluate([limit], now=T0).allowed
+
+
+def test_a_database_alias_that_is_not_postgresql_fails_the_checks(settings):
+    from django.core.checks import run_checks
+
+    settings.RATELIMITS = {"DATABASE": "default"}  # the suite's SQLite
+    (error,) = [m for m in run_checks() if m.id == "ratelimits.E006"]
+    assert "PostgreSQL only" in error.msg
+    from ratelimits.checks import ensure_valid
+
+    with pytest.raises(ImproperlyConfigured, match=r"PostgreSQL only .*ratelimits\.E006"):
+        ensure_valid()  # what the middleware runs where servers run no checks
