@@ -127,11 +127,14 @@ class PostgresEngine(Acquiring):
         self.breaker = breaker
         self._local = threading.local()
         self._installed = False
-        self._install_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._calls = 0
         #: Connections a forked child inherited: kept, never closed or collected there,
         #: since closing one would end its parent's session on the shared socket.
         self._inherited: list[Any] = []
+        #: Every connection process `_opened_by` opened (each thread's), for `close()`.
+        self._opened: list[Any] = []
+        self._opened_by = os.getpid()
         self.tally = Tally(self._send)
 
     # -- connections ---------------------------------------------------------------
@@ -143,16 +146,18 @@ class PostgresEngine(Acquiring):
         conn = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid() and not conn.closed:
             return conn
-        if conn is not None and local.pid != os.getpid():
-            self._inherited.append(conn)
         local.conn = None
         # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2
-        conn = psycopg.connect(
-            self.conninfo, autocommit=True,
-            connect_timeout=max(2, math.ceil(self.connect_timeout)),
-            options=f"-c statement_timeout={max(1, round(self.timeout * 1000))}",
-        )
+        conn = psycopg.connect(self.conninfo, autocommit=True,
+                               connect_timeout=max(2, math.ceil(self.connect_timeout)))
+        # set in the session, not as a startup option: the site's own `options` (a
+        # search_path) stay as given, and PgBouncer refuses unknown startup options
+        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                     (f"{max(1, round(self.timeout * 1000))}ms",))
         local.conn, local.pid = conn, os.getpid()
+        with self._lock:
+            self._forked()
+            self._opened.append(conn)
         if not self._installed:
             self._install(conn)
         return conn
@@ -160,7 +165,7 @@ class PostgresEngine(Acquiring):
     def _install(self, conn: Any) -> None:
         """Create the tables and functions unless this version's are there, under a lock
         so that processes starting together do not race on the catalogue."""
-        with self._install_lock:
+        with self._lock:
             if self._installed:
                 return
             found = conn.execute(
@@ -467,8 +472,21 @@ class PostgresEngine(Acquiring):
         """This thread's psycopg connection."""
         return self._connection()
 
+    def _forked(self) -> None:
+        """In a forked child (the lock held): the connections opened so far are the
+        parent's, kept aside and never closed here."""
+        if self._opened_by != os.getpid():
+            self._inherited.extend(self._opened)
+            self._opened, self._opened_by = [], os.getpid()
+
     def close(self) -> None:
-        """Send what is tallied and close this thread's connection."""
+        """Send what is tallied and close every connection this process opened."""
         self.tally.close()
-        self._drop()
+        with self._lock:
+            self._forked()
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._local.conn = None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 import psycopg
 import pytest
@@ -109,6 +110,43 @@ def test_a_forked_child_opens_its_own_connection(pg):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert not pg.evaluate([limit], now=T0).allowed  # the parent's still answers
+
+
+def test_the_sites_own_options_are_kept(postgres_url):
+    """A `search_path` given in the connection's options is where the engine installs
+    its tables (the statement timeout is set apart, in the session)."""
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("DROP SCHEMA IF EXISTS limits CASCADE")
+        admin.execute("CREATE SCHEMA limits")
+    engine = PostgresEngine(postgres_url + "?options=-csearch_path%3Dlimits", timeout=1.5)
+    try:
+        assert engine.evaluate([Limit("c", "gcra", 1, 10)], now=T0).allowed
+        assert engine.client.execute("SHOW statement_timeout").fetchone()[0] == "1500ms"
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute(
+                "SELECT to_regclass('limits.ratelimits_state_v1') IS NOT NULL").fetchone()[0]
+    finally:
+        engine.close()
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("DROP SCHEMA limits CASCADE")
+
+
+def test_close_closes_every_threads_connection(pg):
+    limit = Limit("c", "fixed_window", 10, 60)
+    seen = []
+
+    def call() -> None:
+        pg.evaluate([limit], now=T0)
+        seen.append(pg.client)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(conn) for conn in seen}) == 3  # one connection per thread
+    pg.close()
+    assert all(conn.closed for conn in seen)
 
 
 def _dead_url() -> str:
