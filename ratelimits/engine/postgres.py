@@ -431,8 +431,10 @@ class PostgresEngine(Acquiring):
         return [guaranteed(counts, errors, n) for counts, errors in found]
 
     def forget_figures(self, name: str, now: float | None = None) -> None:
-        """Forget every figure of policy `name`: its counters and offenders."""
-        self.tally.discard()
+        """Forget every figure of policy `name` (its counters and offenders), as when the
+        policy is deleted. This process's tally is sent first, or its last counts would
+        come back (the other policies' with them)."""
+        self.flush()
         self._call(
             "WITH a AS (DELETE FROM ratelimits_counts_v1 WHERE name = %s RETURNING 1), "
             "b AS (DELETE FROM ratelimits_offenders_v1 WHERE name = %s RETURNING 1) "

@@ -229,3 +229,15 @@ def test_a_database_alias_that_is_not_postgresql_fails_the_checks(settings):
 
     with pytest.raises(ImproperlyConfigured, match=r"PostgreSQL only .*ratelimits\.E006"):
         ensure_valid()  # what the middleware runs where servers run no checks
+
+
+def test_forgetting_a_policys_figures_keeps_the_others(pg):
+    for name in ("gone", "kept"):
+        limit = Limit("c", "fixed_window", 1, 60, name=name)
+        pg.evaluate([limit], now=T0)
+        pg.evaluate([limit], now=T0)  # refused: an offender too
+    pg.forget_figures("gone", now=T0)
+    minute, hour = int(T0 // 60), int(T0 // 3600)
+    assert pg.counters("gone", minute) == {} and pg.offenders("gone", hour) == []
+    assert pg.counters("kept", minute) == {"a": 1, "r": 1}
+    assert pg.offenders("kept", hour) == [("c", 1)]
