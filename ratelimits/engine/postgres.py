@@ -14,8 +14,9 @@ cannot undo it and a long view cannot hold a client's lock.
 Not yet here (the pipeline is told so rather than left to guess): leases (`batch`),
 the heartbeat (`live_instances`) and the change-push watch (each process reads the
 policy version instead). The counters and offenders are tallied in process and sent in
-the background, as the Redis engine does (`tally`). A calendar window is found on this
-process's clock (the server's clock could only name it after the call).
+the background, as the Redis engine does (`tally`). A call with a calendar window is
+decided on this process's clock, which names the window (the server's could name it only
+inside the call).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from ratelimits.engine.constants import (
     US,
 )
 from ratelimits.engine.contract import assemble, result_values
-from ratelimits.engine.errors import EngineError, EngineUnavailable
+from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.keynames import (
     client_key,
     guaranteed,
@@ -99,6 +100,13 @@ def unsupported(limit: Limit) -> str | None:
     return None
 
 
+class _Connections(threading.local):
+    """Each thread's connection, and the process that opened it."""
+
+    conn: Any = None
+    pid = 0
+
+
 class PostgresEngine(Acquiring):
     """Decides on a PostgreSQL server at `conninfo` (a `postgresql://` URL or a libpq
     connection string). Thread-safe: each thread of each process talks through its own
@@ -125,7 +133,7 @@ class PostgresEngine(Acquiring):
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.breaker = breaker
-        self._local = threading.local()
+        self._local = _Connections()
         self._installed = False
         self._lock = threading.Lock()
         self._calls = 0
@@ -143,7 +151,7 @@ class PostgresEngine(Acquiring):
         import psycopg
 
         local = self._local
-        conn = getattr(local, "conn", None)
+        conn = local.conn
         if conn is not None and local.pid == os.getpid() and not conn.closed:
             return conn
         local.conn = None
@@ -184,8 +192,6 @@ class PostgresEngine(Acquiring):
 
         breaker = self.breaker
         if breaker is not None and not breaker.allow():
-            from ratelimits.engine.errors import CircuitOpen
-
             raise CircuitOpen("the PostgreSQL store failed repeatedly: calls fail fast "
                               "for the breaker's cool-down")
         try:
@@ -204,7 +210,7 @@ class PostgresEngine(Acquiring):
 
     def _drop(self) -> None:
         """Forget this thread's connection after a failure (the next call opens one)."""
-        conn = getattr(self._local, "conn", None)
+        conn = self._local.conn
         self._local.conn = None
         if conn is not None and self._local.pid == os.getpid():
             with contextlib.suppress(Exception):  # a broken connection may fail to close
