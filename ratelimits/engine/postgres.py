@@ -158,9 +158,13 @@ class PostgresEngine(Acquiring):
         # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2
         conn = psycopg.connect(self.conninfo, autocommit=True,
                                connect_timeout=max(2, math.ceil(self.connect_timeout)))
-        # set in the session, not as a startup option: the site's own `options` (a
-        # search_path) stay as given, and PgBouncer refuses unknown startup options
-        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+        # set in the session, not as startup options: the site's own `options` (a
+        # search_path) stay as given, and PgBouncer refuses unknown startup options.
+        # Read committed whatever the database's default: each statement of the
+        # function then reads what the previous holder of a client's lock committed
+        # (a snapshot taken before the lock was granted would miss it).
+        conn.execute("SELECT set_config('statement_timeout', %s, false), "
+                     "set_config('default_transaction_isolation', 'read committed', false)",
                      (f"{max(1, round(self.timeout * 1000))}ms",))
         local.conn, local.pid = conn, os.getpid()
         with self._lock:
@@ -344,12 +348,7 @@ class PostgresEngine(Acquiring):
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit: its key and every key under it
         (its windows, its warm-up)."""
-        key = client_key(self.prefix, limit)
-        self._call(
-            "WITH gone AS (DELETE FROM ratelimits_state_v1 WHERE k = %s "
-            "OR (k >= %s AND k < %s) RETURNING 1) SELECT count(*) FROM gone",
-            (key, key + ":", key + ";"),
-        )
+        self._call("SELECT ratelimits_reset_v1(%s)", (client_key(self.prefix, limit),))
 
     # -- counters and offenders (tallied in process, see `tally`) -----------------------
 

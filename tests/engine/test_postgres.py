@@ -131,6 +131,19 @@ def test_the_sites_own_options_are_kept(postgres_url):
             admin.execute("DROP SCHEMA limits CASCADE")
 
 
+def test_decisions_read_committed_whatever_the_databases_default(postgres_url):
+    """Under repeatable read, the function's snapshot would be taken before a client's
+    lock was granted, and miss what the previous holder committed."""
+    engine = PostgresEngine(
+        postgres_url + "?options=-cdefault_transaction_isolation%3Drepeatable%5C%20read")
+    try:
+        engine.evaluate([Limit("c", "fixed_window", 1, 10)], now=T0)
+        assert engine.client.execute("SHOW transaction_isolation").fetchone()[0] == (
+            "read committed")
+    finally:
+        engine.close()
+
+
 def test_close_closes_every_threads_connection(pg):
     limit = Limit("c", "fixed_window", 10, 60)
     seen = []

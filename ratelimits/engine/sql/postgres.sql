@@ -459,6 +459,21 @@ BEGIN
 END
 $$;
 
+-- Forget one client's state: its key and every key under it (its windows, its warm-up,
+-- its lockout), under the client's lock, as a decision takes it.
+CREATE OR REPLACE FUNCTION ratelimits_reset_v1(p_key text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    gone bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, hashtext(p_key));
+    DELETE FROM ratelimits_state_v1
+        WHERE k = p_key OR (k >= p_key || ':' AND k < p_key || ';');
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    RETURN gone;
+END
+$$;
+
 -- Delete at most `p_limit` rows past their expiry from each table; rows another
 -- transaction holds are left to a later sweep rather than waited for.
 CREATE OR REPLACE FUNCTION ratelimits_sweep_v1(p_now float8, p_limit int) RETURNS bigint
