@@ -254,3 +254,28 @@ def test_forgetting_a_policys_figures_keeps_the_others(pg):
     assert pg.counters("gone", minute) == {} and pg.offenders("gone", hour) == []
     assert pg.counters("kept", minute) == {"a": 1, "r": 1}
     assert pg.offenders("kept", hour) == [("c", 1)]
+
+
+def test_requests_naming_clients_in_opposite_orders_never_deadlock(pg):
+    """Each request locks its clients in one order (of their hashes), whatever order its
+    limits come in: two threads on connections of their own, crossing, never deadlock."""
+    a = Limit("a", "fixed_window", 10_000, 3600)
+    b = Limit("b", "sliding_log", 10_000, 3600)
+    failures: list[Exception] = []
+    start = threading.Barrier(2)
+
+    def cross(limits: list[Limit]) -> None:
+        start.wait()
+        for _ in range(150):
+            try:
+                pg.evaluate(limits, now=T0)
+            except EngineError as exc:  # a deadlock PostgreSQL broke would land here
+                failures.append(exc)
+
+    threads = [threading.Thread(target=cross, args=(order,)) for order in ([a, b], [b, a])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert pg.evaluate([a, b], now=T0).results[0].remaining == 10_000 - 301
