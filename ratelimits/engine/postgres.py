@@ -11,12 +11,12 @@ talks through connections of its own in autocommit, one per thread, opened again
 forked child: a charge is never part of a view's transaction, so the view's rollback
 cannot undo it and a long view cannot hold a client's lock.
 
-Not yet here (the pipeline is told so rather than left to guess): leases (`batch`),
-the heartbeat (`live_instances`) and the change-push watch (each process reads the
-policy version instead). The counters and offenders are tallied in process and sent in
-the background, as the Redis engine does (`tally`). A call with a calendar window is
-decided on this process's clock, which names the window (the server's could name it only
-inside the call).
+Not yet here (the pipeline is told so rather than left to guess): leases (`batch`) and
+the change-push watch (each process reads the policy version instead, and its heartbeat
+rides on that read every `BEAT_EVERY` seconds). The counters and offenders are tallied
+in process and sent in the background, as the Redis engine does (`tally`). A call with
+a calendar window is decided on this process's clock, which names the window (the
+server's could name it only inside the call).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +47,7 @@ from ratelimits.engine.constants import (
 )
 from ratelimits.engine.contract import assemble, result_values
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
+from ratelimits.engine.heartbeat import BEAT_EVERY, LIVE_TTL
 from ratelimits.engine.keynames import (
     client_key,
     guaranteed,
@@ -119,8 +122,8 @@ class PostgresEngine(Acquiring):
 
     def __init__(self, conninfo: str, *, prefix: str = "rl:",
                  version_key: str | None = None, timeout: float = 0.5,
-                 connect_timeout: float = 0.5, breaker: CircuitBreaker | None = None
-                 ) -> None:
+                 connect_timeout: float = 0.5, breaker: CircuitBreaker | None = None,
+                 beat_every: float = BEAT_EVERY) -> None:
         try:
             import psycopg  # noqa: F401  (said at construction, not on the first request)
         except ImportError:  # pragma: no cover - the extra is installed in the tests
@@ -144,6 +147,12 @@ class PostgresEngine(Acquiring):
         self._opened: list[Any] = []
         self._opened_by = os.getpid()
         self.tally = Tally(self._send)
+        #: The heartbeat: seconds between two beats, the next one's monotonic time, this
+        #: process's name in the group (new in a forked child) and the last count learnt.
+        self.beat_every = beat_every
+        self._beat_at = 0.0
+        self._member = ""
+        self._live: int | None = None
 
     # -- connections ---------------------------------------------------------------
 
@@ -327,12 +336,28 @@ class PostgresEngine(Acquiring):
     # -- the policy version ----------------------------------------------------------
 
     def read_version(self, now: float | None = None) -> int:
-        """The policy version (0 until the first bump)."""
+        """The policy version (0 until the first bump), with this process's heartbeat
+        riding on the same call when one is due."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        row = self._call("SELECT coalesce(max(v), 0) FROM ratelimits_version_v1 WHERE k = %s",
-                         (self.version_key,))
+        if time.monotonic() < self._beat_at:
+            row = self._call("SELECT coalesce(max(v), 0) FROM ratelimits_version_v1 "
+                             "WHERE k = %s", (self.version_key,))
+            return int(row[0])
+        row = self._call(
+            "SELECT (SELECT coalesce(max(v), 0) FROM ratelimits_version_v1 WHERE k = %s), "
+            "ratelimits_beat_v1(%s, %s, %s)",
+            (self.version_key, self.prefix, self._name(), float(LIVE_TTL * US)))
+        self._beat_at = time.monotonic() + self.beat_every
+        self._live = int(row[1])
         return int(row[0])
+
+    def _name(self) -> str:
+        """This process's name among those sharing the limits (a forked child's own)."""
+        pid = os.getpid()
+        if not self._member.endswith(f":{pid}"):
+            self._member = f"{socket.gethostname()}:{secrets.token_hex(4)}:{pid}"
+        return self._member
 
     def bump_version(self) -> int:
         """Tell every reader that the policies changed; the new version."""
@@ -449,8 +474,9 @@ class PostgresEngine(Acquiring):
 
     @property
     def live_instances(self) -> int | None:
-        """None: no heartbeat yet on PostgreSQL."""
-        return None
+        """Processes that beat within `LIVE_TTL` at this one's last beat (None: no beat
+        yet)."""
+        return self._live
 
     def lease(self, limits: Sequence[Limit], now: float | None = None, *,
               back: Sequence[Leftover] = ()) -> list[Grant]:

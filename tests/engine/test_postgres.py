@@ -279,3 +279,23 @@ def test_requests_naming_clients_in_opposite_orders_never_deadlock(pg):
         t.join()
     assert failures == []
     assert pg.evaluate([a, b], now=T0).results[0].remaining == 10_000 - 301
+
+
+def test_processes_sharing_the_limits_are_counted_by_their_heartbeat(postgres_url):
+    """Each process beats on its version reads; `on_error="local"` divides by the count
+    (two engines here stand for two processes: each has a name of its own)."""
+    first = PostgresEngine(postgres_url, version_key="rl:version", beat_every=0)
+    second = PostgresEngine(postgres_url, version_key="rl:version", beat_every=0)
+    other_site = PostgresEngine(postgres_url, prefix="other:", version_key="v", beat_every=0)
+    try:
+        assert first.live_instances is None  # no beat yet
+        first.read_version()
+        assert first.live_instances == 1
+        second.read_version()
+        other_site.read_version()
+        first.read_version()
+        assert first.live_instances == second.live_instances == 2
+        assert other_site.live_instances == 1  # another prefix counts apart
+    finally:
+        for engine in (first, second, other_site):
+            engine.close()

@@ -86,7 +86,7 @@ def redis_client(redis_url: str) -> redis.Redis:
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: The PostgreSQL engine's tables, emptied before each test that uses `postgres_url`.
 POSTGRES_TABLES = ("ratelimits_state_v1", "ratelimits_counts_v1", "ratelimits_offenders_v1",
-                   "ratelimits_version_v1")
+                   "ratelimits_version_v1", "ratelimits_live_v1")
 
 
 @pytest.fixture(scope="session")

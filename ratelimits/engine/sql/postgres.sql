@@ -45,6 +45,15 @@ CREATE UNLOGGED TABLE IF NOT EXISTS ratelimits_offenders_v1 (
 );
 CREATE INDEX IF NOT EXISTS ratelimits_offenders_v1_expires ON ratelimits_offenders_v1 (expires);
 
+-- The heartbeat (engine/heartbeat.py's twin): each process's row under its group (the
+-- key prefix), with the server time of its last beat.
+CREATE UNLOGGED TABLE IF NOT EXISTS ratelimits_live_v1 (
+    grp text NOT NULL,
+    member text NOT NULL,
+    seen float8 NOT NULL,
+    PRIMARY KEY (grp, member)
+);
+
 CREATE TABLE IF NOT EXISTS ratelimits_version_v1 (
     k text PRIMARY KEY,
     v bigint NOT NULL
@@ -471,6 +480,22 @@ BEGIN
         WHERE k = p_key OR (k >= p_key || ':' AND k < p_key || ';');
     GET DIAGNOSTICS gone = ROW_COUNT;
     RETURN gone;
+END
+$$;
+
+-- One beat of process `p_member` in group `p_grp`: its row written at the server's time,
+-- the rows silent for `p_ttl` µs deleted; how many processes beat within it.
+CREATE OR REPLACE FUNCTION ratelimits_beat_v1(p_grp text, p_member text, p_ttl float8)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    now float8 := floor(extract(epoch FROM clock_timestamp())::float8 * 1000000);
+    live bigint;
+BEGIN
+    INSERT INTO ratelimits_live_v1 AS t (grp, member, seen) VALUES (p_grp, p_member, now)
+        ON CONFLICT (grp, member) DO UPDATE SET seen = excluded.seen;
+    DELETE FROM ratelimits_live_v1 t WHERE t.grp = p_grp AND t.seen <= now - p_ttl;
+    SELECT count(*) INTO live FROM ratelimits_live_v1 t WHERE t.grp = p_grp;
+    RETURN live;
 END
 $$;
 
