@@ -164,9 +164,14 @@ class PostgresEngine(Acquiring):
         if conn is not None and local.pid == os.getpid() and not conn.closed:
             return conn
         local.conn = None
-        # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2
+        # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
+        # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
+        # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
         conn = psycopg.connect(self.conninfo, autocommit=True,
-                               connect_timeout=max(2, math.ceil(self.connect_timeout)))
+                               connect_timeout=max(2, math.ceil(self.connect_timeout)),
+                               keepalives=1, keepalives_idle=1, keepalives_interval=1,
+                               keepalives_count=3,
+                               tcp_user_timeout=max(1000, round(self.timeout * 2000)))
         # set in the session, not as startup options: the site's own `options` (a
         # search_path) stay as given, and PgBouncer refuses unknown startup options.
         # Read committed whatever the database's default: each statement of the
