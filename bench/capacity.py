@@ -45,6 +45,8 @@ def _ours_args(call: list[str], algorithms: list[str], version: bool) -> list[st
     _, args, _ = encode(limits, prefix="rl:", version_key="rl:version" if version else None,
                         stats=True)
     keys = [f"rl:{{__rand_int__}}:{REGISTRY[a].code}" for a in algorithms]
+    if version:  # declared after the limits' keys, as every key a script touches
+        keys.append("rl:version")
     argv = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
     return [*call, str(len(keys)), *keys, *argv]
 

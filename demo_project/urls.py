@@ -12,6 +12,7 @@ urlpatterns = [
     path("busy/", views.busy, name="busy"),
     path("quote/", views.quote, name="quote"),
     path("report/", views.report, name="report"),
+    path("forecast/", views.forecast, name="forecast"),
     path("api/items/", views.ItemList.as_view(), name="items"),
     path("admin/", admin.site.urls),
     path("ratelimits/", include("ratelimits.urls")),  # /ratelimits/metrics/ for Prometheus

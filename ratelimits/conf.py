@@ -21,6 +21,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimits.engine.deployments import parse_redis_url
+from ratelimits.engine.keynames import CLOCKS
 from ratelimits.matching.identity import is_header_name, parse_trusted_proxies
 from ratelimits.runtime import on_reset
 
@@ -122,6 +123,15 @@ def _timeout(value: Any) -> float:
     return seconds
 
 
+def _clock(value: Any) -> str:
+    if value not in CLOCKS:
+        raise ValueError(
+            f"must be one of {', '.join(map(repr, CLOCKS))}, got {value!r}: \"store\" reads "
+            "the store's clock in its scripts, \"client\" sends each process's own (for a "
+            "managed Redis that refuses TIME in scripts)")
+    return str(value)
+
+
 def _database(value: Any) -> str | None:
     if value is None:
         return None
@@ -199,6 +209,10 @@ SETTINGS: dict[str, Setting] = {
     "BREAKER_COOLDOWN": Setting(1.0, _timeout),
     # How many app instances share the limits: on_error="local" gives each its share.
     "INSTANCES": Setting(1, _positive_int),
+    # Whose clock decides a call: "store" (the scripts read the store's TIME: one clock
+    # for every process) or "client" (each process sends its own, for a managed Redis that
+    # refuses TIME in scripts; the processes' clocks must agree, see docs/settings.md).
+    "CLOCK": Setting("store", _clock),
     # Prometheus counters and engine latency (needs prometheus_client; see pipeline/metrics.py).
     "METRICS": Setting(False, _boolean),
 }

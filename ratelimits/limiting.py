@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
+from ratelimits import runtime
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.types import Decision
 from ratelimits.matching.identity import bounded
@@ -57,6 +58,20 @@ DEFAULT_TIMEOUT = 10.0
 SHARED = "global"
 
 
+class _InstalledClock:
+    """The app's installed clock as `acquire` waits with it: a test's clock moves on
+    `sleep()` without sleeping, and the engine decides at its time."""
+
+    def __init__(self, clock: runtime.Clock) -> None:
+        self.now, self.sleep = clock.time, clock.sleep
+
+
+def _waiting() -> _InstalledClock | None:
+    """What `acquire` waits with: None under the real clock (the store's time decides)."""
+    current = runtime.clock()
+    return None if current is runtime.REAL else _InstalledClock(current)
+
+
 class Limited(Exception):
     """`limit()` could not get a turn within its timeout: `retry_after` seconds (more
     than zero) until one could pass; `policy` is the policy's name."""
@@ -64,8 +79,13 @@ class Limited(Exception):
     def __init__(self, policy: str, retry_after: float) -> None:
         self.policy = policy
         self.retry_after = retry_after
-        super().__init__(f"rate limit {policy!r}: no turn within the timeout; retry in "
-                         f"{retry_after:g} s")
+        # its arguments are its fields: pickle, and Celery's result backends (JSON too),
+        # make it again as `Limited(*args)`
+        super().__init__(policy, retry_after)
+
+    def __str__(self) -> str:
+        return (f"rate limit {self.policy!r}: no turn within the timeout; retry in "
+                f"{self.retry_after:g} s")
 
 
 class limit:
@@ -117,8 +137,6 @@ class limit:
     def _limit(self, policy: CompiledPolicy) -> Any:
         rule = None
         if policy.overrides is not None:
-            from ratelimits import runtime
-
             rule = policy.overrides.find(self.identity, runtime.clock().time(),
                                          lambda: (), lambda: None)
             if rule is not None and rule.exempt:
@@ -157,8 +175,8 @@ class limit:
         try:
             engine = self._engine(policy)
             # shadow: watched only, never waits, its would-be refusals counted as such
-            decision = (engine.evaluate([wanted]) if wanted.shadow
-                        else engine.acquire([wanted], self._wait(policy)))
+            decision = (engine.evaluate([wanted], runtime.decision_time()) if wanted.shadow
+                        else engine.acquire([wanted], self._wait(policy), clock=_waiting()))
         except EngineError as exc:
             return self._unreached(policy, wanted, engine, exc)
         resolver.observe(decision.version, snap)
@@ -206,7 +224,7 @@ class limit:
         local = get_local_engine()
         store = engine if engine is not local else None
         share = local_share(wanted, live_instances(store, config))
-        decision = local.acquire([share], self._wait(policy))
+        decision = local.acquire([share], self._wait(policy), clock=_waiting())
         return self._judged(policy, local, decision)
 
     @staticmethod

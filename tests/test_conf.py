@@ -40,6 +40,8 @@ def test_unknown_keys_are_refused_with_the_valid_list():
         ("REJECT_VIEW", "noviews", "dotted import path"),
         ("TRUSTED_PROXIES", "10.0.0.0/8", "list of IP"),
         ("CACHE", "", "non-empty string"),
+        ("CLOCK", "server", "one of 'store', 'client'"),
+        ("CLOCK", ["client"], "one of 'store', 'client'"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(key, value, says):

@@ -92,7 +92,8 @@ def test_seed_creates_the_example_policies_and_is_idempotent(demo_env):
         ],
         demo_env,
     )
-    assert count.stdout.strip().splitlines()[-1] == "8"  # and "quote", declared in code
+    # and "quote" and "weather-partner", declared in code
+    assert count.stdout.strip().splitlines()[-1] == "9"
 
 
 def test_seeding_again_puts_the_tour_back_where_it_starts(demo_env):
@@ -128,17 +129,18 @@ def test_seeding_again_puts_the_tour_back_where_it_starts(demo_env):
 def test_the_page_gives_the_seeders_counts():
     from demo_project.demo.seed import EXAMPLE_OVERRIDES, EXAMPLE_POLICIES
 
-    words = {2: "two", 6: "six", 7: "seven", 8: "eight"}
+    words = {2: "two", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
     page = " ".join(PAGE.read_text().split())
     seeded = f"seeds {words[len(EXAMPLE_POLICIES)]} example policies and " \
              f"{words[len(EXAMPLE_OVERRIDES)]} overrides"
     assert seeded in page
-    listed = len(EXAMPLE_POLICIES) + 1  # and "quote", declared in code
+    listed = len(EXAMPLE_POLICIES) + 2  # and the two declared in code
     assert f"shows {words[listed]}: the {words[len(EXAMPLE_POLICIES)]} the seeder made, " \
-           "and `quote`" in page
+           "and `quote` and `weather-partner`" in page
     for fields in EXAMPLE_POLICIES:  # every one is introduced, with its path
         assert f"| `{fields['name']}` |" in page
     assert "| `quote` | `/quote/` |" in page
+    assert "| `weather-partner` | `/forecast/` |" in page
 
 
 def test_demo_admin_prints_a_working_login(demo_env):
@@ -179,6 +181,11 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
         print("report", [x.status_code for x in r], r[1].headers.get("Retry-After"))
         from ratelimits.models import Policy
         print("declared", list(Policy.objects.filter(declared=True).values_list("name", "mode")))
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(10) as pool:  # ten at once: the partner's turns run out
+            at_once = list(pool.map(lambda _: Client().get("/forecast/"), range(10)))
+        print("forecast", sorted({r.status_code for r in at_once}),
+              {r.get("Retry-After") for r in at_once if r.status_code == 503})
     """)
     out = run(["-c", script], {**demo_env, "DJANGO_ALLOWED_HOSTS": "testserver"})
     assert out.returncode == 0, out.stderr
@@ -194,7 +201,8 @@ def test_demo_views_show_enforce_shadow_and_drf_scope(demo_env):
     assert lines["quote"] == "[200, 200, 200, 429]"
     # cold: the next turn is 3 s away, 1 s beyond the wait, so the second is refused
     assert lines["report"] == "[200, 429] 1"
-    assert lines["declared"] == "[('quote', 'enforce')]"
+    assert lines["declared"] == "[('quote', 'enforce'), ('weather-partner', 'enforce')]"
+    assert lines["forecast"] == "[200, 503] {'1'}"
 
 
 def test_demo_admin_prints_the_url_of_the_port_it_is_given(demo_env):
@@ -481,6 +489,15 @@ def report():
         [code for code, _ in steady], steady[-1], burst, cold
 
 
+def forecast():
+    paced = timed("/forecast/?city=Oslo", 5)
+    act("switch_to_shadow", "weather-partner")
+    unpaced = timed("/forecast/?city=Oslo", 4)
+    watched = observe.last_hour(["weather-partner"], now=clock.now())["weather-partner"]
+    act("switch_to_enforce", "weather-partner")
+    return paced, unpaced, watched.would_reject
+
+
 def login():
     def attempt(password):
         r = Client().post("/admin/login/", {"username": "tour", "password": password})
@@ -506,7 +523,7 @@ def shell():
 
 
 STEPS = {f.__name__: f for f in (hello, shadow, enforce, rollout, items, quote, overrides,
-                                 report, login, shell)}
+                                 report, forecast, login, shell)}
 pause, *order = sys.argv[1:]
 results = {}
 for name in order:
@@ -536,6 +553,10 @@ TOUR_SAYS = {
     # after a second's wait each; ten idle seconds: cold again
     "report": [200, 429, "1", [[200, 2.0]], [200] * 10, [200, 0.0],
                [[200, 0.0]] * 4 + [[200, 1.0]] * 2, [200, 429]],
+    # two calls to the partner at once, then one each half second, all served; in shadow
+    # none waits, and the admin counts the calls it would have made wait
+    "forecast": [[[200, 0.0], [200, 0.0], [200, 0.5], [200, 0.5], [200, 0.5]],
+                 [[200, 0.0]] * 4, 4],
     # a right password gets in (302); three wrong ones get the form again (200); the
     # fourth attempt, and the right password then, 429 for the 2-minute lockout; after
     # it, the right password gets in
@@ -544,7 +565,7 @@ TOUR_SAYS = {
     "shell": [200, 200, 429],
 }
 PAGE_ORDER = ["hello", "shadow", "enforce", "rollout", "items", "quote", "overrides",
-              "report", "login", "shell"]
+              "report", "forecast", "login", "shell"]
 
 
 def tour(demo_env, *order, pause=120):
@@ -557,10 +578,10 @@ def tour(demo_env, *order, pause=120):
 
 @pytest.mark.parametrize("order", [
     PAGE_ORDER,
-    ["login", "enforce", "rollout", "shell", "report", "overrides", "quote", "items",
-     "shadow", "hello"],
+    ["login", "enforce", "rollout", "shell", "forecast", "report", "overrides", "quote",
+     "items", "shadow", "hello"],
     ["overrides", "hello", "rollout", "enforce", "quote", "shadow", "report", "items",
-     "shell", "login"],
+     "shell", "login", "forecast"],
 ], ids=["as-the-page-goes", "enforce-first", "overrides-first"])
 def test_each_step_of_the_tour_shows_what_the_page_says_in_any_order(demo_env, order):
     """A reader's pause of two minutes between steps: every window here is a minute or
@@ -620,6 +641,7 @@ call_command("ratelimits", "status")
 c = Client()
 assert c.login(username="admin", password="pw")
 for path in ("/", "/hello/", "/search/", "/shop/", "/api/items/", "/quote/", "/report/",
+             "/forecast/",
              "/slow/", "/busy/", "/ratelimits/metrics/", "/admin/",
              "/admin/ratelimits/policy/", "/admin/ratelimits/policy/1/change/"):
     status = c.get(path).status_code

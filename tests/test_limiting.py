@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import pickle
 import subprocess
 import sys
 import time
@@ -15,10 +16,11 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 import ratelimits
-from ratelimits import Limited, limit
+from ratelimits import Limited, limit, runtime
 from ratelimits.models import Policy
 from ratelimits.pipeline.engines import get_engine
 from ratelimits.receivers import policies_changed
+from ratelimits.testing import Clock
 from tests.redis_server import RedisProcess, free_port
 from tests.support.workers import ROOT, Site
 
@@ -50,6 +52,14 @@ def test_a_call_past_the_limit_raises_limited_when_it_may_not_wait():
     assert refused.value.policy == "emails-x"
     assert 0 < refused.value.retry_after <= 60
     assert counters("emails-x") == {"a": 2, "r": 1}  # the admin's figures
+
+
+def test_limited_is_made_again_from_its_arguments_as_pickle_and_celery_make_it():
+    refused = Limited("emails-x", 2.5)
+    for again in (pickle.loads(pickle.dumps(refused)), Limited(*refused.args)):
+        assert (again.policy, again.retry_after) == ("emails-x", 2.5)
+        assert str(again) == str(refused) == ("rate limit 'emails-x': no turn within the "
+                                              "timeout; retry in 2.5 s")
 
 
 def test_a_declared_limit_is_a_policy_the_operator_sees_and_switches():
@@ -95,6 +105,21 @@ def test_a_turn_is_waited_for_in_order():
             pass
     # one at once, then a turn every 0.1 s: the engine reserved each in turn
     assert time.monotonic() - started >= 0.25
+
+
+def test_turns_are_waited_for_on_the_installed_clock():
+    """Under a test's clock (`ratelimits.testing.Clock`) a turn is decided at its time and
+    waited for by moving it, as a request told to wait is: nothing sleeps."""
+    clock = Clock(1_000_000)
+    turns = limit("paced-on-a-clock", rate="10/s", burst=1, timeout=5)
+    with runtime.using_clock(clock):
+        for _ in range(4):
+            with turns:
+                pass
+        assert clock.time() - 1_000_000 == pytest.approx(0.3)  # a turn each 0.1 s
+        with pytest.raises(Limited) as refused, limit("paced-on-a-clock", timeout=0):
+            pass
+    assert refused.value.retry_after > 0
 
 
 @pytest.mark.django_db(transaction=True)  # the async path reads the policies in a thread

@@ -1,6 +1,7 @@
 """A few views to watch ratelimits at work: plain, async, and a small DRF API."""
 
 import asyncio
+import math
 import threading
 import time
 
@@ -9,6 +10,7 @@ from django.shortcuts import render
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ratelimits import Limited, limit, runtime
 from ratelimits.decorators import ratelimit
 
 QUOTES = [
@@ -48,6 +50,35 @@ def quote(request):
     """A limit declared in code: the admin lists it as policy "quote", declared in code."""
     return HttpResponse(QUOTES[len(request.GET.get("n", "")) % len(QUOTES)] + "\n",
                         content_type="text/plain")
+
+
+#: A partner's weather API that takes at most two calls a second from this whole site,
+#: however many workers serve it: a limit on the outbound call, not on the page.
+#: Declared in code, so the admin lists it as policy "weather-partner".
+weather_partner = limit("weather-partner", rate="2/s", timeout=1)
+
+FORECASTS = ["sunny", "showers", "overcast", "windy"]
+
+
+def _ask_partner(city: str) -> str:
+    """Stands in for the partner's HTTP API."""
+    return FORECASTS[sum(map(ord, city)) % len(FORECASTS)]
+
+
+def forecast(request):
+    """Each request calls the partner once, waiting (up to 1 s) for a turn of policy
+    "weather-partner"; with no turn in time, it answers 503 and when to try again."""
+    city = request.GET.get("city", "Amsterdam")[:40]
+    asked = runtime.clock().monotonic()
+    try:
+        with weather_partner:
+            answer = _ask_partner(city)
+    except Limited as refused:
+        return JsonResponse({"city": city, "error": "the weather partner is busy",
+                             "retry_after": refused.retry_after}, status=503,
+                            headers={"Retry-After": str(math.ceil(refused.retry_after))})
+    waited = round(runtime.clock().monotonic() - asked, 1)
+    return JsonResponse({"city": city, "forecast": answer, "waited": waited})
 
 
 def report(request):

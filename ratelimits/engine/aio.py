@@ -88,6 +88,7 @@ class AsyncRedisEngine:
 
     async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
+        now = self.twin.when(now)
         twin = self.twin
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
@@ -101,6 +102,7 @@ class AsyncRedisEngine:
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, carrying a heartbeat when one is due."""
+        now = self.twin.when(now)
         command, chores = self.twin.version_read()
         return version_of(await self._exchange(command, chores, now, None))
 
@@ -111,6 +113,7 @@ class AsyncRedisEngine:
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
         """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
+        now = self.twin.when(now)
         if not limits and not back:
             return []
         script = lease_script()
@@ -227,6 +230,7 @@ class AsyncClusterEngine:
     async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits,
         across slots (see `ClusterEngine.evaluate`)."""
+        now = self.twin.when(now)
         twin = self.twin
         if not limits and not twin.version_key:
             return Decision(allowed=True, results=())
@@ -235,6 +239,7 @@ class AsyncClusterEngine:
 
     async def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET (a heartbeat beside it when one is due)."""
+        now = self.twin.when(now)
         if not self.twin.version_key:
             raise EngineError("this engine was built without a version_key")
         raw = await aguarded(self.twin.breaker,
@@ -276,5 +281,6 @@ class AsyncClusterEngine:
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:
         """The twin's `lease()`, awaited: leases of `batch` units after giving `back`."""
+        now = self.twin.when(now)
         grants, _ = await arun_flow(self.twin.leasing(limits, now, back), self.nodes.perform)
         return grants

@@ -39,12 +39,14 @@ from ratelimits.engine.contract import (
     note_taken,
     returned_units,
     spare,
+    version_args,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow, run_flow
 from ratelimits.engine.heartbeat import Heartbeat, live_source
 from ratelimits.engine.keynames import (
     base_key,
+    clock_of,
     figure_keys,
     new_token,
     stored_state,
@@ -76,7 +78,8 @@ class ClusterEngine(Acquiring):
     """Same API as `RedisEngine`, on a `redis.cluster.RedisCluster` client. Thread-safe.
 
     Time: each slot's script reads its own node's clock (`TIME`) unless `evaluate()` is
-    given `now`; every key lives on one node, so each key's state sees one clock.
+    given `now` (or the engine `clock="client"`: this process's clock, sent with every
+    call); every key lives on one node, so each key's state sees one clock.
 
     Its calls (a decision, the version, a lease) are flows that yield what the slot
     fan-out needs (`cluster_fanout`): this engine performs it with `perform`, its asyncio
@@ -90,12 +93,15 @@ class ClusterEngine(Acquiring):
         prefix: str = "rl:",
         version_key: str | None = None,
         stats: bool = True,
+        clock: str = "store",
         breaker: CircuitBreaker | None = None,
         live_key: str | None = None,
     ) -> None:
         self.client: Any = client
         self.prefix = prefix
         self.version_key = version_key
+        #: the time a call sends, given the caller's `now` (`keynames.clock_of`)
+        self.when = clock_of(clock)
         self.stats = stats
         self.breaker = breaker
         #: the slot fan-out over `client`, and what it learnt of the cluster's topology
@@ -128,6 +134,7 @@ class ClusterEngine(Acquiring):
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits, across
         slots: a slot that charged is refunded when another slot refused."""
+        now = self.when(now)
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
         return run_flow(self.breaking(self.deciding(limits, now)), self.perform)
@@ -240,6 +247,7 @@ class ClusterEngine(Acquiring):
     def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, with a heartbeat beside it when one is due
         (the nodes at once)."""
+        now = self.when(now)
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
         raw = run_flow(self.breaking(self.reading_version(now)), self.perform)
@@ -304,6 +312,7 @@ class ClusterEngine(Acquiring):
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another `period` from now: one call per
         slot, the nodes at once. Slots already released or expired stay gone."""
+        now = self.when(now)
         held: dict[int, list[tuple[Limit, list[str]]]] = {}  # slot -> its limits' slots
         for decision in decisions:
             for limit, members in decision.holding():
@@ -335,9 +344,10 @@ class ClusterEngine(Acquiring):
         """Tell every process that the policies changed; returns the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
-        # INCR, from the server's clock when the key was lost (lua/version.lua)
+        # INCR, from the clock when the key was lost (lua/version.lua)
+        args = version_args(self.when(None))
         bump: Any = getattr(self.client, "register_script")(version_source())  # noqa: B009
-        return int(guard(lambda: bump(keys=[self.version_key])))
+        return int(guard(lambda: bump(keys=[self.version_key], args=args)))
 
     def counters(self, name: str, minute: int) -> dict[str, int]:
         """The a/r/w/o counts of one policy in one minute, this process's tally flushed
@@ -378,6 +388,7 @@ class ClusterEngine(Acquiring):
         """Forget one client's state under one limit (current and previous windows). A
         leased limit keeps the units other processes' leases may still spend (see
         `lease`)."""
+        now = self.when(now)
         if limit.batch is not None:
             keys, args = encode_lease_reset(self.prefix, limit, now)
             script = self._leases()
@@ -418,10 +429,12 @@ class ClusterEngine(Acquiring):
     ) -> list[Grant]:
         """Take a lease of `batch` units for each of `limits` after giving back `back`
         (see `RedisEngine.lease`): one call per slot, the nodes at once."""
+        now = self.when(now)
         return run_flow(self.leasing(limits, now, back), self.perform)[0]
 
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
         """Return the unspent units of ended leases (see `RedisEngine.give_back`)."""
+        now = self.when(now)
         return run_flow(self.leasing((), now, back), self.perform)[1] if back else 0
 
     def _leases(self) -> Any:

@@ -65,7 +65,7 @@ _UNREACHED: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, EngineUnavailabl
 
 class SlotCall:
     """One script call (or, with no script, a GET of `keys[0]`) bound for one slot.
-    `windows`: the window keys its windowed limits may touch, undeclared (see `_moved`)."""
+    `windows`: the window keys its windowed limits may touch (see `_moved`)."""
 
     __slots__ = ("args", "keys", "script", "windows")
 
@@ -241,6 +241,12 @@ class SlotFanout:
             if call.windows:  # (redis-py's MovedError is an AskError)
                 yield from self._moved(source, call.windows)
             return (yield from self._ask(reply, call))
+        if isinstance(reply, TryAgainError) and call.windows:
+            # some of its keys have moved, some not yet: once none is left on the source,
+            # the source answers ASK
+            yield from self._moved(source, call.windows)
+            [reply] = yield Pipelined(call.command(), node=source)
+            return (yield from self._follow(reply, call, source))
         if isinstance(reply, _REDIRECTS):
             return (yield self._again(call))
         if isinstance(reply, Exception):
@@ -280,14 +286,24 @@ class SlotFanout:
         The fan-out follows ASK itself because redis-py follows it only to a node of its
         slot map, and a primary just added (`redis-cli --cluster add-node`) is in no slot
         map until it owns a slot: redis-py fails with AttributeError then (redis-py issue
-        4015). The script goes as EVAL: the importing node may not have loaded it."""
-        replies = yield Pipelined(("ASKING",), call.source_command(), node=self._node_at(ask))
-        reply = replies[1]
-        if isinstance(reply, MovedError):  # the slot finished moving meanwhile
-            return (yield self._again(call))
-        if isinstance(reply, TryAgainError):  # several keys, not all of them moved yet
-            raise EngineUnavailable("a slot is migrating and its keys have not all moved "
-                                    "yet; try again")
+        4015). The script goes as EVAL: the importing node may not have loaded it.
+
+        The importing node answers TRYAGAIN while some of the call's keys are not there: a
+        windowed limit's base key never exists, so its call waits (briefly) for the slot
+        to be handed over, as `redis-cli --cluster reshard` does right after the keys."""
+        node = self._node_at(ask)
+        deadline = time.monotonic() + _MIGRATION_WAIT
+        while True:
+            replies = yield Pipelined(("ASKING",), call.source_command(), node=node)
+            reply = replies[1]
+            if isinstance(reply, MovedError):  # the slot finished moving meanwhile
+                return (yield self._again(call))
+            if not isinstance(reply, TryAgainError):
+                break
+            if time.monotonic() >= deadline:  # several keys, not all of them there yet
+                raise EngineUnavailable("a slot is migrating and its keys have not all "
+                                        "moved yet; try again")
+            yield Pause(_MIGRATION_POLL)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -307,13 +323,14 @@ class SlotFanout:
     def _moved(self, source: Any, windows: list[str]) -> Flow[None]:
         """Wait (briefly) until a migrating slot's window keys have left `source`.
 
-        A node sends ASK for a migrating slot when a call's *declared* keys are missing.
-        A windowed limit declares its base key, which never exists: its counts live in
-        undeclared window keys, which may still be on the source. Run on the importing
-        node then, the call would start the window from zero beside the real count. So
-        the call follows the ASK only once the source holds none of its window keys (a
-        multi-key EXISTS there answers ASK when all are gone, TRYAGAIN when some are);
-        a node never takes back a key of a slot it is migrating, so none can return."""
+        A windowed limit's base key never exists: its counts live in its window keys,
+        which stay on the source until the migration moves them. A node answers TRYAGAIN
+        while some of a call's keys are there and others not, ASK once none is; run on the
+        importing node before the window keys arrived, the call would start the window
+        from zero beside the real count. So the call goes on only once the source holds
+        none of its window keys (a multi-key EXISTS there answers ASK when all are gone,
+        TRYAGAIN when some are); a node never takes back a key of a slot it is migrating,
+        so none can return."""
         deadline = time.monotonic() + _MIGRATION_WAIT
         while True:
             [found] = yield Pipelined(("EXISTS", *windows), node=source)

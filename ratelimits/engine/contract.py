@@ -19,7 +19,16 @@ from ratelimits.engine import constants
 from ratelimits.engine.algorithms import LEARNED_ONLY
 from ratelimits.engine.calendar import bounds
 from ratelimits.engine.errors import CircuitOpen, EngineError
-from ratelimits.engine.keynames import base_key, cell, new_token, period_us, to_us
+from ratelimits.engine.keynames import (
+    base_key,
+    cell,
+    new_token,
+    offender_keys,
+    period_us,
+    reached_keys,
+    stats_key,
+    to_us,
+)
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
@@ -34,7 +43,11 @@ US = constants.US
 #: of this call, each present only when needed, in this order: its time (µs; absent: the
 #: server's TIME), its token (when a limit stores named members), and, per window limit
 #: in the limits' order, the client's field in its shard's hashes (`keynames.cell`).
-#: KEYS holds one base key per limit (`keynames.base_key`).
+#: KEYS holds one base key per limit (`keynames.base_key`), then every other key the
+#: script may touch (`keynames.reached_keys`: window hashes, warm-up and lockout states;
+#: the version key; the counters and offenders a call carries, see `carry`), so that a
+#: strict server, which refuses a script a key it was not given, runs it. The script
+#: counts the limits by its plan, not by KEYS.
 #:
 #: The plan: "1" or "0" for each of `PLAN_FLAGS`; the version key and the counters'
 #: prefix ('' = none), each written as its length, ":" and itself; then per limit "|"
@@ -98,16 +111,20 @@ _VERSION_AT, _ADMITTED_AT, _NOW_AT = (
     REPLY_HEAD.index("version"), REPLY_HEAD.index("admitted"), REPLY_HEAD.index("now_us"))
 
 
-def carry(counts: Counts, offenders: Counts) -> list[Any]:
-    """The ARGV tail that carries tallied counts with a batch call (`CARRY_ARGS`)."""
+def carry(prefix: str, counts: Counts, offenders: Counts) -> tuple[list[str], list[Any]]:
+    """The KEYS and ARGV tails that carry tallied counts with a batch call
+    (`CARRY_ARGS`): the counters' and offenders' keys the script writes, and the counts."""
+    keys: list[str] = []
     out: list[Any] = []
     for (name, minute), fields in counts.items():
+        keys.append(stats_key(prefix, name, minute))
         for field, n in fields.items():
             out += ("c", name, minute, field, n)
     for (name, hour), whos in offenders.items():
+        keys += offender_keys(prefix, name, hour)
         for who, n in whos.items():
             out += ("o", name, hour, who.encode("utf-8", "surrogatepass"), n)
-    return out
+    return keys, out
 
 
 def encode(
@@ -123,13 +140,16 @@ def encode(
     members): `token` when given (Redis Cluster: one for all the slots of a request),
     else a new one."""
     keys: list[str] = []
+    reached: list[str] = []
     fields: list[str] = []
     specs = []
     members = False
-    clock = None
+    clock = _Clock(now)
     for limit in limits:
         key, field = cell(prefix, limit)
         keys.append(key)
+        if field or limit.warmup or limit.lockout:
+            reached += reached_keys(prefix, limit, clock.at(), exact=now is not None)
         if field:
             fields.append(field)
         known = _SPECS.get((limit.algorithm, limit.limit, limit.period, limit.burst, limit.cost,
@@ -139,9 +159,7 @@ def encode(
             known = _spec(limit)
         text, stores = known
         if limit.calendar:
-            if clock is None:
-                clock = to_us(time.time() if now is None else now)
-            cal0, cal1, cal2 = bounds(limit.calendar, limit.zone, clock)
+            cal0, cal1, cal2 = clock.window(limit)
             text = f"{text}|{cal0}|{cal1}|{cal2}"
         specs.append(text)
         members = members or stores
@@ -158,6 +176,9 @@ def encode(
         token = None
     if fields:
         args += fields
+    keys += reached
+    if version_key:
+        keys.append(version_key)
     return keys, args, token
 
 
@@ -334,13 +355,25 @@ def encode_refund(prefix: str, now_us: int, token: str,
                   charged: Iterable[tuple[Limit, tuple[Any, Any]]]) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of one refund call: each charged limit with what its charge wrote."""
     keys: list[str] = []
+    windows: list[Any] = []  # the window hashes the charges wrote in, declared after
     args: list[Any] = [now_us, token]
     for limit, (s1, s2) in charged:
         key, field = cell(prefix, limit)
         keys.append(key)
+        if field and s1:
+            windows.append(s1)
         args += (limit.algorithm, limit.limit, period_us(limit),
                  REGISTRY[limit.algorithm].burst_of(limit), limit.cost, s1, s2, field)
-    return keys, args
+    return [*keys, *windows], args
+
+
+# -- the policy version bumped (lua/version.lua) -------------------------------------------
+
+
+def version_args(now: float | None) -> list[Any]:
+    """ARGV of a version bump: the time (µs) a lost version restarts from, or nothing:
+    the server's clock."""
+    return [] if now is None else [to_us(now)]
 
 
 # -- held slots kept (lua/renew.lua) -------------------------------------------------------
@@ -390,7 +423,7 @@ def encode_lease(
         key, field = cell(prefix, limit)
         keys.append(key)
         args += _lease_args(limit, limit.batch, "", 0, field, "", clock)
-    return keys, args
+    return [*keys, *clock.reached(prefix, [*(item.limit for item in back), *limits])], args
 
 
 def encode_lease_reset(prefix: str, limit: Limit, now: float | None
@@ -399,8 +432,10 @@ def encode_lease_reset(prefix: str, limit: Limit, now: float | None
     count keeps only the units leases may still spend, and units leased before the reset
     can no longer be given back (see lua/lease.lua)."""
     key, field = cell(prefix, limit)
-    return [key], ["" if now is None else to_us(now),
-                   *_lease_args(limit, LEASE_RESET, "", 0, field, "", _Clock(now))]
+    clock = _Clock(now)
+    return [key, *clock.reached(prefix, [limit])], [
+        "" if now is None else to_us(now), *_lease_args(limit, LEASE_RESET, "", 0, field, "",
+                                                        clock)]
 
 
 class _Clock:
@@ -413,12 +448,24 @@ class _Clock:
         self.now = now
         self.us: int | None = None
 
+    def at(self) -> int:
+        if self.us is None:
+            self.us = to_us(time.time() if self.now is None else self.now)
+        return self.us
+
     def window(self, limit: Limit) -> tuple[int, int, int]:
         if not limit.calendar:
             return _NO_WINDOW
-        if self.us is None:
-            self.us = to_us(time.time() if self.now is None else self.now)
-        return bounds(limit.calendar, limit.zone, self.us)
+        return bounds(limit.calendar, limit.zone, self.at())
+
+    def reached(self, prefix: str, limits: Iterable[Limit]) -> list[str]:
+        """The window hashes the lease script may touch for `limits` (declared in KEYS
+        after their base keys, see `keynames.reached_keys`)."""
+        out: list[str] = []
+        for limit in limits:
+            out += reached_keys(prefix, limit, self.at(), exact=self.now is not None,
+                                lease=True)
+        return out
 
 
 def _lease_args(limit: Limit, want: int, window: int | str, units: int,

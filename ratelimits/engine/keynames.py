@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -28,6 +29,7 @@ from ratelimits.engine.types import Limit
 
 # The constants are re-exported: they are the figures of this key layout.
 __all__ = [
+    "CLOCKS",
     "OFFENDERS_CAP",
     "OFFENDERS_TTL",
     "OFFENDER_CHARS",
@@ -36,12 +38,14 @@ __all__ = [
     "base_key",
     "cell",
     "client_key",
+    "clock_of",
     "guaranteed",
     "lock_key",
     "new_token",
     "offender_errors_key",
     "offenders_key",
     "period_us",
+    "reached_keys",
     "state_keys",
     "stats_key",
     "stored_state",
@@ -118,6 +122,45 @@ def windows(limit: Limit, at_us: int, *, ahead: bool = False) -> list[int]:
     return [start, previous, end] if ahead else [start, previous]
 
 
+def reached_keys(prefix: str, limit: Limit, at_us: int, *, exact: bool,
+                 lease: bool = False) -> tuple[str, ...]:
+    """Every key beyond its base key that a script deciding `limit` at `at_us` may touch:
+    a window algorithm's window hashes, the warm-up's state, the lockout's. A call passes
+    them all in KEYS, as a strict server (ElastiCache Serverless, Dragonfly) refuses a
+    script any key it was not given.
+
+    `exact`: the call sends `at_us` and the script decides at it: the windows it reads
+    then. Else the script reads its server's clock, which may be on either side of a
+    window's edge from this one: the windows one period either side go too (a calendar
+    window's script picks between the two its call carries, see `calendar.bounds`).
+    `lease`: the lease script's windows, each with the one before it (a reset of the
+    client clears it)."""
+    current: tuple[int, ...] = ()
+    if REGISTRY[limit.algorithm].windowed:
+        if limit.calendar:
+            start, end, _ = calendar.bounds(limit.calendar, limit.zone, at_us)
+            current = (start // US,) if exact else (start // US, end // US)
+        else:
+            win = at_us // period_us(limit)
+            current = (win,) if exact else (win - 1, win, win + 1)
+    return _reached(prefix, limit.name, limit.key, limit.algorithm, current,
+                    bool(limit.warmup), bool(limit.lockout), lease)
+
+
+@lru_cache(maxsize=16_384)  # a call's keys are named once per client and window
+def _reached(prefix: str, name: str, key: str, algorithm: str, current: tuple[int, ...],
+             warm: bool, lock: bool, lease: bool) -> tuple[str, ...]:
+    base, field = _cell(prefix, name, key, algorithm)
+    if lease or REGISTRY[algorithm].reads_previous:
+        current = tuple(sorted({w for c in current for w in (c - 1, c)}))
+    out = [f"{base}:{w}" for w in current]
+    if warm:
+        out.append(f"{base}:w")
+    if lock:
+        out.append(lock_key(base, field))
+    return tuple(out)
+
+
 def lock_key(key: str, field: str = "") -> str:
     """Where a lockout keeps until when (µs) it holds the client of `key` (and `field`,
     in a window algorithm's shard)."""
@@ -192,6 +235,30 @@ def guaranteed(counts: dict[str, int], errors: dict[str, int], n: int) -> list[t
     ranked = sorted(((who, c - errors.get(who, 0)) for who, c in counts.items()),
                     key=lambda kv: (kv[1], kv[0]), reverse=True)
     return ranked[:n]
+
+
+#: Where a store's scripts take the time of a call that gives none: "store", the
+#: server's clock (`TIME`: one clock for every process, whatever theirs say), or
+#: "client", this process's, sent with each call (for a server that refuses `TIME` in
+#: scripts; the processes' clocks must then agree, see "Managed services with script
+#: restrictions" in docs/reliability.md).
+CLOCKS = ("store", "client")
+
+
+def _as_given(now: float | None) -> float | None:
+    return now
+
+
+def _or_this_clock(now: float | None) -> float | None:
+    return time.time() if now is None else now
+
+
+def clock_of(clock: str) -> Callable[[float | None], float | None]:
+    """The time a store engine sends with a call given `now` under `clock` (`CLOCKS`):
+    `now` itself, or, when None, nothing ("store") or this process's clock ("client")."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(map(repr, CLOCKS))}, got {clock!r}")
+    return _or_this_clock if clock == "client" else _as_given
 
 
 def period_us(limit: Limit) -> int:

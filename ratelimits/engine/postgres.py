@@ -123,7 +123,7 @@ class PostgresEngine(Acquiring):
     def __init__(self, conninfo: str, *, prefix: str = "rl:",
                  version_key: str | None = None, timeout: float = 0.5,
                  connect_timeout: float = 0.5, breaker: CircuitBreaker | None = None,
-                 beat_every: float = BEAT_EVERY) -> None:
+                 beat_every: float = BEAT_EVERY, clock: str = "store") -> None:
         try:
             import psycopg  # noqa: F401  (said at construction, not on the first request)
         except ImportError:  # pragma: no cover - the extra is installed in the tests
@@ -136,6 +136,9 @@ class PostgresEngine(Acquiring):
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.breaker = breaker
+        #: Whose clock decides a call given no time (`keynames.CLOCKS`): the server's
+        #: ("store"), or this process's ("client"), sent with the call.
+        self.clock = clock
         self._local = _Connections()
         self._installed = False
         self._lock = threading.Lock()
@@ -254,8 +257,9 @@ class PostgresEngine(Acquiring):
         wins: list[float | None] = []
         ends: list[float | None] = []
         holds = False
-        if now is None and any(limit.calendar for limit in limits):
-            now = time.time()  # a calendar window is named before the call
+        if now is None and (self.clock == "client"
+                            or any(limit.calendar for limit in limits)):
+            now = time.time()  # this process's clock: a calendar window is named here
         for limit in limits:
             why = unsupported(limit)
             if why is not None:
@@ -325,6 +329,8 @@ class PostgresEngine(Acquiring):
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another period from now."""
         held = [pair for decision in decisions for pair in decision.holding()]
+        if now is None and self.clock == "client":
+            now = time.time()
         self._slots(held, None if now is None else float(to_us(now)), renew=True)
 
     def _slots(self, held: Sequence[tuple[Limit, Sequence[str]]], now_us: float | None,

@@ -31,6 +31,7 @@ from ratelimits.engine.contract import (
     encode_renew,
     note_taken,
     returned_units,
+    version_args,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
 from ratelimits.engine.flows import Flow, run_flow
@@ -39,6 +40,7 @@ from ratelimits.engine.heartbeat import Heartbeat, beating
 from ratelimits.engine.keynames import (
     US,
     base_key,
+    clock_of,
     figure_keys,
     guaranteed,
     offender_errors_key,
@@ -85,8 +87,10 @@ class RedisEngine(Acquiring):
     """Decide requests atomically in Redis; safe to share between threads.
 
     `client` is a redis-py client (django-redis's `get_redis_connection()` hands one
-    out). Time comes from the server's clock unless `evaluate()` is given `now`. With a
-    `breaker`, consecutive failures make calls fail fast for its cool-down.
+    out). Time comes from the server's clock unless `evaluate()` is given `now`, or from
+    this process's with `clock="client"` (`keynames.CLOCKS`: for a server that refuses
+    `TIME` in scripts). With a `breaker`, consecutive failures make calls fail fast for its
+    cool-down.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class RedisEngine(Acquiring):
         stats: bool = True,
         breaker: CircuitBreaker | None = None,
         live_key: str | None = None,
+        clock: str = "store",
     ) -> None:
         self.client: Any = client  # redis-py types sync and async replies as one union
         #: the commands of the request path, on connections kept for them (`Wire`)
@@ -105,6 +110,8 @@ class RedisEngine(Acquiring):
         self.breaker = breaker
         self.prefix = prefix
         self.version_key = version_key
+        #: the time a call sends, given the caller's `now` (`keynames.clock_of`)
+        self.when = clock_of(clock)
         #: The batch call, and the mode (FCALL or EVALSHA) learnt of the server: one per
         #: server, shared with the asyncio twin.
         self.script = StoredScript(batch_library(), batch_source())
@@ -133,6 +140,7 @@ class RedisEngine(Acquiring):
 
     def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
+        now = self.when(now)
         if not limits and not self.version_key:
             return Decision(allowed=True, results=())
         command, token, chores = self.batch(limits, now)
@@ -154,7 +162,10 @@ class RedisEngine(Acquiring):
             return (*self.script.head, len(keys), *keys, *args), token, None
         chores = self._chores()
         if chores is not None and chores.carried is not None:
-            args += carry(*chores.carried)  # counts made in process ride along
+            # counts made in process ride along, their keys declared
+            carried_keys, carried = carry(self.prefix, *chores.carried)
+            keys += carried_keys
+            args += carried
         return (*self.script.head, len(keys), *keys, *args), token, chores
 
     def _chores(self) -> Chores | None:
@@ -214,6 +225,7 @@ class RedisEngine(Acquiring):
 
     def read_version(self, now: float | None = None) -> int:
         """The policy version alone: one GET, carrying a heartbeat when one is due."""
+        now = self.when(now)
         command, chores = self.version_read()
         return version_of(self._exchange(command, chores, now, None))
 
@@ -250,8 +262,9 @@ class RedisEngine(Acquiring):
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
         bump = self.client.register_script(version_source())
-        # INCR, from the server's clock when the key was lost (lua/version.lua)
-        return int(guard(lambda: bump(keys=[self.version_key])))
+        # INCR, from the clock when the key was lost (lua/version.lua)
+        args = version_args(self.when(None))
+        return int(guard(lambda: bump(keys=[self.version_key], args=args)))
 
     # -- changes every process must hear (see `watch`) ----------------------------------
 
@@ -362,11 +375,11 @@ class RedisEngine(Acquiring):
         leased limit keeps the units other processes' leases may still spend (see
         `lease`)."""
         if limit.batch is not None:
-            keys, args = encode_lease_reset(self.prefix, limit, now)
+            keys, args = encode_lease_reset(self.prefix, limit, self.when(now))
             script = lease_script()
             self._exchange(script.command(keys, args), None, now, script)
             return
-        keys, cells = stored_state(self.prefix, limit, lambda: self._now_us(now))
+        keys, cells = stored_state(self.prefix, limit, lambda: self._now_us(self.when(now)))
         pipe = self.client.pipeline(transaction=False)
         if keys:
             pipe.delete(*keys)
@@ -396,6 +409,7 @@ class RedisEngine(Acquiring):
         One round trip for all of them. Slots already released or expired stay gone.
         Raises EngineUnavailable when the store is out of reach.
         """
+        now = self.when(now)
         keys, args = encode_renew(self.prefix, (held for decision in decisions
                                                 for held in decision.holding()), now)
         if not keys:
@@ -420,6 +434,7 @@ class RedisEngine(Acquiring):
 
         Raises EngineUnavailable when the store is out of reach, like `evaluate()`.
         """
+        now = self.when(now)
         if not limits and not back:
             return []
         script = lease_script()
@@ -429,6 +444,7 @@ class RedisEngine(Acquiring):
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
         """Return the unspent units of ended leases; a window that has ended keeps its
         count. Returns the units taken back."""
+        now = self.when(now)
         if not back:
             return 0
         script = lease_script()

@@ -47,6 +47,9 @@ class Algorithm:
     #: write field `f` of `<key>:<window>`; `reset()` clears the current and previous
     #: windows.
     windowed: bool = False
+    #: A window algorithm whose check reads the previous window's count beside the
+    #: current one's (so a call declares both window hashes, see `keynames.reached_keys`).
+    reads_previous: bool = False
     #: Can be replayed from an access log (a log does not say how long a request ran).
     replayable: bool = True
     #: A process may take `batch` units ahead and spend them locally (a lease) without
@@ -119,7 +122,7 @@ REGISTRY: dict[str, Algorithm] = {
                   windowed=True, leasable=True),
         Algorithm("sliding_window", "sw", "sliding_window.lua",
                   a.sliding_window_check, a.sliding_window_commit, a.count_refund,
-                  windowed=True, leasable=True),
+                  windowed=True, reads_previous=True, leasable=True),
         Algorithm("sliding_log", "sl", "sliding_log.lua",
                   a.sliding_log_check, a.sliding_log_commit, a.sliding_log_refund,
                   stores_members=True),

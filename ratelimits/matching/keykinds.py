@@ -33,7 +33,11 @@ from ratelimits.matching.identity import (
 )
 
 __all__ = [
+    "CONNECTION_META",
     "KEY_KINDS",
+    "WEBSOCKET_CONNECT",
+    "WEBSOCKET_RECEIVE",
+    "WEBSOCKET_SCOPES",
     "KeyKind",
     "KeyKinds",
     "KeySpec",
@@ -299,6 +303,21 @@ def _read_post(request: Any, arg: str, proxies: Proxies) -> str | None:
     return _text(form_field(_http(request), arg))
 
 
+#: The scopes of WebSocket policies (`ratelimits.channels`), named after the ASGI events
+#: they count: a connection attempt, and a message received.
+WEBSOCKET_CONNECT = "websocket.connect"
+WEBSOCKET_RECEIVE = "websocket.receive"
+WEBSOCKET_SCOPES = frozenset({WEBSOCKET_CONNECT, WEBSOCKET_RECEIVE})
+#: Where a WebSocket message's request carries its connection's id, named as a server's
+#: own environ keys are: no header can reach it (headers are HTTP_*).
+CONNECTION_META = "ratelimits.connection"
+
+
+def _read_connection(request: Any, arg: str, proxies: Proxies) -> str | None:
+    """The WebSocket connection a message came on; None outside one (an HTTP request)."""
+    return _text(_meta(request).get(CONNECTION_META))
+
+
 def _read_call(request: Any, arg: str, proxies: Proxies) -> str | None:
     return _text(call_function(arg, request))
 
@@ -427,6 +446,9 @@ KEY_KINDS = KeyKinds([
     KeyKind("call", _read_call, "call:<dotted.path>", _dotted_path,
             "call: needs a dotted path to a function, e.g. call:myapp.keys.tenant",
             calls_code=True, not_in_log="a key function needs the live request"),
+    # Each WebSocket connection apart, for the messages it carries (`ratelimits.channels`).
+    KeyKind("connection", _read_connection, "connection", example="tier:<name>",
+            not_in_log="an access log does not record WebSocket connections"),
     # A function given to `@ratelimit(key=...)` in code, by its declaration's name.
     KeyKind("code", _read_code, "", _code_name,
             "code: needs the name of a limit declared in code with a key function",

@@ -20,7 +20,12 @@ from ratelimits.engine.registry import (
     WAITING_ALGORITHMS,
     WARMUP_ALGORITHMS,
 )
-from ratelimits.matching.keykinds import KEY_KINDS, parse_key
+from ratelimits.matching.keykinds import (
+    KEY_KINDS,
+    WEBSOCKET_RECEIVE,
+    WEBSOCKET_SCOPES,
+    parse_key,
+)
 from ratelimits.matching.paths import PathPattern
 from ratelimits.matching.responses import CHARGE_WORD, RESET_WORD, parse_responses
 from ratelimits.models.fields import Counting
@@ -205,6 +210,7 @@ def policy_errors(policy: Policy) -> dict[str, list[str]]:
         add("path", str(exc))
     _check_key(policy, add)
     _check_counted(policy, add)
+    _check_websocket(policy, add)
     _check_learned(policy, add)
     if (policy.batch is not None and policy.counting == Counting.PER_PROCESS
             and policy.algorithm not in LEARNED_ALGORITHMS):
@@ -234,6 +240,23 @@ def _check_key(policy: Policy, add: Add) -> None:
                          ("reset_on", reset_error(policy.key, policy.reset_on))):
         if error is not None:
             add(field, error)
+
+
+def _check_websocket(policy: Policy, add: Add) -> None:
+    """What a WebSocket policy cannot have: methods (a connection attempt and a message
+    are matched by path alone) and responses (a WebSocket has none); and the `connection`
+    key, which names no one but the sender of a message."""
+    if policy.key.partition(":")[0].lower() == "connection" and (
+            policy.scope != WEBSOCKET_RECEIVE):
+        add("key", f"connection counts the messages of each WebSocket connection: give the "
+            f"policy the scope {WEBSOCKET_RECEIVE}, or choose another key.")
+    if policy.scope not in WEBSOCKET_SCOPES:
+        return
+    if policy.methods:
+        add("methods", "A WebSocket policy is matched by its path alone: leave methods empty.")
+    for field in ("charge_on", "reset_on"):
+        if getattr(policy, field):
+            add(field, f"A WebSocket has no responses to look at: leave {field} empty.")
 
 
 def _check_counted(policy: Policy, add: Add) -> None:

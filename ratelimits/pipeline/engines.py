@@ -113,6 +113,7 @@ def _build_engine(config: Mapping[str, Any]) -> Engine:
         "version_key": _version_key(config["KEY_PREFIX"]),
         "live_key": f"{config['KEY_PREFIX']}live",  # engine.heartbeat: the heartbeat's set
         "breaker": _breaker,
+        "clock": config["CLOCK"],  # engine.keynames.CLOCKS: whose clock a script reads
     }
     url: RedisURL | None = config["REDIS_URL"]
     if url is not None:
@@ -122,7 +123,7 @@ def _build_engine(config: Mapping[str, Any]) -> Engine:
         store = PostgresEngine(postgres_conninfo(config["DATABASE"]),
                                prefix=shared["prefix"], version_key=shared["version_key"],
                                timeout=timeouts[0], connect_timeout=timeouts[1],
-                               breaker=_breaker)
+                               breaker=_breaker, clock=shared["clock"])
         return LocalFirst(store, leasing=False)  # no leases on PostgreSQL yet
     alias = config["CACHE"]
     if cache_backend(alias) is None:

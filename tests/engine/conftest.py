@@ -32,17 +32,21 @@ def clean_state() -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["redis", "memory", "postgres"])
+@pytest.fixture(params=["redis", "redis-client-clock", "memory", "postgres"])
 def engine(request: pytest.FixtureRequest):
+    """Each engine: in process, Redis with its scripts reading the server's clock or
+    with each call sending this process's (`clock="client"`, see `keynames.CLOCKS`), and
+    PostgreSQL."""
     if request.param == "postgres":
         engine = PostgresEngine(request.getfixturevalue("postgres_url"),
                                 version_key="rl:version")
         yield engine
         engine.close()
         return
-    if request.param == "redis":
+    if request.param != "memory":
         client = request.getfixturevalue("redis_client")
-        engine = RedisEngine(client, version_key="rl:version")
+        clock = "client" if request.param == "redis-client-clock" else "store"
+        engine = RedisEngine(client, version_key="rl:version", clock=clock)
         yield engine
         # Its tally sends counts and offenders from a thread up to FLUSH_EVERY later:
         # closed here, they reach this test's database, never the next test's.

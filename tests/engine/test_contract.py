@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from ratelimits.engine import Limit, MemoryEngine, RedisEngine, constants, contract, scripts
 from ratelimits.engine.contract import LIMIT_SPEC, LUA_CONSTANTS, PLAN_FLAGS, encode
-from ratelimits.engine.keynames import base_key, cell, client_key
+from ratelimits.engine.keynames import base_key, cell, client_key, clock_of, lock_key
 from ratelimits.engine.types import RESERVE
 from tests.engine.conftest import T0
 
@@ -69,7 +70,12 @@ def test_encode_puts_each_value_where_its_name_says():
               calendar="day", zone="Asia/Tokyo"),
     ]
     keys, args, token = encode(limits, prefix="rl:", now=T0, version_key="v", stats=True)
-    assert keys == [base_key("rl:", lim) for lim in limits]
+    # the base keys, then every other key the script may touch: the calendar window's
+    # hash (the day holding T0 in Tokyo, by its start in seconds), its lockout, the version
+    key, field = cell("rl:", limits[2])
+    tokyo_midnight_s = T0 // 86_400 * 86_400 - 9 * 3600
+    assert keys == [*(base_key("rl:", lim) for lim in limits),
+                    f"{key}:{tokyo_midnight_s:.0f}", lock_key(key, field), "v"]
     head, specs, rest = parsed(args)
     assert head == {"has_now": True, "has_token": True, "version_key": "v",
                     "stats_prefix": "rl:s:"}
@@ -110,6 +116,7 @@ def test_a_window_limit_names_its_shard_and_its_field():
     policy's and the shard's, the client a field; every other algorithm keys the client."""
     a, b = (Limit(f"10.0.0.{i}", "sliding_window", 5, 60, name="p") for i in (1, 2))
     keys, args, _ = encode([a, b], prefix="rl:", now=T0, stats=False)
+    keys = keys[:2]  # the base keys, before their window hashes
     fields = parsed(args)[2][1:]  # after the call's time
     assert [(k, f) for k, f in zip(keys, fields, strict=True)] == [cell("rl:", a),
                                                                    cell("rl:", b)]
@@ -198,3 +205,32 @@ def test_plans_past_those_the_library_keeps_are_parsed_again(redis_client, monke
     finally:
         scripts.batch_source.cache_clear()
         scripts.batch_library.cache_clear()
+
+
+def test_a_call_declares_every_window_it_may_read():
+    """Given the time, a call declares the windows its script reads at it: a sliding
+    window's current and previous one. Without it, the script reads the store's clock,
+    which may sit across a window's edge from this one: the windows a period either side
+    are declared too, so a strict server runs the call whichever it is."""
+    limit = Limit("c", "sliding_window", 5, 10, name="p")
+    key = base_key("rl:", limit)
+    win = int(T0 // 10)
+    keys, _, _ = encode([limit], prefix="rl:", now=T0 + 5)
+    assert keys == [key, f"{key}:{win - 1}", f"{key}:{win}"]
+    fixed = Limit("c", "fixed_window", 5, 10, name="p")
+    keys, _, _ = encode([fixed], prefix="rl:", now=T0 + 5)
+    assert keys[1:] == [f"{base_key('rl:', fixed)}:{win}"]
+    before = int(time.time() // 10)
+    keys, _, _ = encode([limit], prefix="rl:")
+    if int(time.time() // 10) == before:  # (else the clock crossed an edge meanwhile)
+        assert keys == [key, *(f"{key}:{w}" for w in range(before - 2, before + 2))]
+
+
+def test_the_clock_setting_sends_this_process_time():
+    assert clock_of("store")(None) is None and clock_of("store")(5.0) == 5.0
+    before = time.time()
+    sent = clock_of("client")(None)
+    assert sent is not None and before <= sent <= time.time()
+    assert clock_of("client")(5.0) == 5.0  # a caller's own time is kept
+    with pytest.raises(ValueError, match="clock must be one of 'store', 'client'"):
+        clock_of("server")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import types
 
 import psycopg
 import pytest
@@ -42,6 +43,20 @@ def test_the_server_clock_decides_when_no_time_is_given(pg):
     refused = pg.evaluate([limit])
     assert not refused.allowed
     assert 0 < refused.results[0].retry_after <= 3600
+
+
+def test_the_client_clock_decides_when_clock_is_client(postgres_url, monkeypatch):
+    """With `CLOCK = "client"` a call without a time is decided at this process's time,
+    whatever the server's (here, this process's clock reads T0 + 9.8 s)."""
+    import ratelimits.engine.postgres as module
+
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: T0 + 9.8))
+    engine = PostgresEngine(postgres_url, clock="client")
+    try:
+        decision = engine.evaluate([Limit("c", "fixed_window", 1, 10)])
+    finally:
+        engine.close()
+    assert decision.results[0].reset_after == pytest.approx(0.2)
 
 
 def test_a_refusal_by_one_limit_charges_none(pg):

@@ -34,10 +34,11 @@ def cookie_kind():
 
 def test_the_builtin_kinds_and_their_usage():
     assert [k.name for k in KEY_KINDS] == [
-        "ip", "user", "user_or_ip", "global", "header", "query", "post", "call", "code"
+        "ip", "user", "user_or_ip", "global", "header", "query", "post", "call",
+        "connection", "code"
     ]
     assert KEY_KINDS.usage == ("use ip, user, user_or_ip, global, header:<Name>, "
-                               "query:<name>, post:<field> or call:<dotted.path>")
+                               "query:<name>, post:<field>, call:<dotted.path> or connection")
     assert KEY_KINDS.reads_user == {"user", "user_or_ip"}
     assert KEY_KINDS.calls_code == {"call", "code"}
     assert KEY_KINDS.splittable == {"ip", "user", "user_or_ip"}
@@ -50,7 +51,8 @@ def test_a_new_kind_is_parsed_and_its_argument_checked(cookie_kind):
         parse_key("cookie:")
     with pytest.raises(ValueError, match="is not an identifier"):
         parse_key("cookie:a-b")
-    with pytest.raises(ValueError, match=r"post:<field>, call:<dotted.path> or cookie:<name>"):
+    with pytest.raises(ValueError,
+                       match=r"post:<field>, call:<dotted.path>, connection or cookie:<name>"):
         parse_key("nosuch:x")
 
 
@@ -76,7 +78,7 @@ def test_the_admin_form_lists_the_kinds_declared_now(db, cookie_kind):
     form = policy_admin.get_form(factory.get("/"))()
     assert form.fields["key"].help_text == (
         "Who is counted: ip, user, user_or_ip, global, header:<Name>, query:<name>, "
-        "post:<field>, call:<dotted.path> or cookie:<name>."
+        "post:<field>, call:<dotted.path>, connection or cookie:<name>."
     )
     assert "cookie" not in Policy._meta.get_field("key").help_text  # no migration needed
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
 import time
 from collections import Counter
 
@@ -25,21 +24,6 @@ BATCH = 10  # above a worker's share while it is cut off: ceil(30 / 4) = 8
 PERIOD = 3600
 
 
-class Drained:
-    """The server's stderr, read as it comes (a full pipe would block the workers)."""
-
-    def __init__(self, site: Site) -> None:
-        self.chunks: list[bytes] = []
-        stream = site.server.stderr  # type: ignore[union-attr]
-        self.thread = threading.Thread(target=lambda: self.chunks.extend(iter(
-            lambda: stream.read1(65536), b"")), daemon=True)
-        self.thread.start()
-
-    def text(self) -> str:
-        self.thread.join(10)
-        return b"".join(self.chunks).decode(errors="replace")
-
-
 @pytest.fixture
 def site(tmp_path, private_redis):
     site = Site(tmp_path, private_redis.url)
@@ -51,7 +35,6 @@ def test_a_batch_above_the_share_keeps_the_local_bound_when_redis_pauses(site, p
     site.policy(name="leased", mode="enforce", algorithm="fixed_window", limit=LIMIT,
                 period=PERIOD, key="global", path="/hello/", on_error="local", batch=BATCH)
     site.start(workers=WORKERS)
-    logs = Drained(site)
     # serve traffic on a path no policy limits until all four workers have beaten, then a
     # beat longer: each learns, at its next beat, that four share the limit (a beat rides
     # on the policy version's read, made at most once a second)
@@ -84,5 +67,5 @@ def test_a_batch_above_the_share_keeps_the_local_bound_when_redis_pauses(site, p
     assert max(admitted.values()) <= share * windows, admitted
     assert sum(admitted.values()) <= share * WORKERS * windows, admitted
     assert statuses[429] > 0
-    text = logs.text()
+    text = site.errors()
     assert "Traceback" not in text and "ValueError" not in text, text[-3000:]

@@ -192,9 +192,7 @@ def test_a_server_that_runs_one_request_at_a_time_says_the_limit_cannot_refuse(
     for _ in range(3):
         assert site.send("GET", "/api/work/")[0] == 200
     site.stop()
-    assert site.server is not None and site.server.stderr is not None
-    lines = [line for line in site.server.stderr.read().decode().splitlines()
-             if SERIAL in line]
+    lines = [line for line in site.errors().splitlines() if SERIAL in line]
     assert len(lines) == (1 if warned else 0), lines
     if warned:
         assert "adaptive policy 'serial'" in lines[0] and "never refuses" in lines[0]

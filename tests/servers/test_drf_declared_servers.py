@@ -101,7 +101,7 @@ def test_fresh_workers_write_the_rows_at_once_without_an_error_and_admit_exactly
         every_worker_up(site)
         statuses = burst(site, "/api/ping/", 10)
         site.stop()
-        errors = site.server.stderr.read().decode()  # type: ignore[union-attr]
+        errors = site.errors()
         assert "UNIQUE" not in errors and "could not write" not in errors, (trial, errors)
         assert "Traceback" not in errors, (trial, errors)
         assert statuses == [200] * 5 + [429] * 5, (trial, statuses)

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -142,6 +143,13 @@ class Site:
             command, cwd=ROOT, env=self.env, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
+        # read as it comes: a server whose workers log (a warning per refusal) would
+        # otherwise fill the pipe and block on it, mid-request
+        stream, chunks = self.server.stderr, []
+        self._stderr: list[bytes] = chunks
+        self._draining = threading.Thread(target=lambda: chunks.extend(
+            iter(lambda: stream.read1(65536), b"")), daemon=True)  # type: ignore[union-attr]
+        self._draining.start()
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -150,14 +158,11 @@ class Site:
                 else:
                     self.get(self.probe)
                 if self.server.poll() is not None:  # what answered was not this server
-                    raise RuntimeError("the server exited as it started: " + (
-                        self.server.stderr.read().decode()))  # type: ignore[union-attr]
+                    raise RuntimeError("the server exited as it started: " + self.errors())
                 return
             except OSError:
                 if self.server.poll() is not None or time.monotonic() > deadline:
-                    why = "timeout" if self.server.poll() is None else (
-                        self.server.stderr.read().decode()  # type: ignore[union-attr]
-                    )
+                    why = "timeout" if self.server.poll() is None else self.errors()
                     raise RuntimeError(f"the server did not start: {why}") from None
                 time.sleep(0.1)
 
@@ -169,7 +174,7 @@ class Site:
         if form is not None:
             body = urllib.parse.urlencode(form)
             headers["Content-Type"] = "application/x-www-form-urlencoded"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)  # a loaded machine
         try:
             conn.request(method, path, body=body, headers=headers)
             response = conn.getresponse()
@@ -188,8 +193,16 @@ class Site:
         code = self.server.poll()
         if code is None:
             return f"the server (pid {self.server.pid}) is still running"
-        errors = self.server.stderr.read().decode()  # type: ignore[union-attr]
-        return f"the server exited with {code}: {errors[-2000:]}"
+        return f"the server exited with {code}: {self.errors()[-2000:]}"
+
+    def errors(self) -> str:
+        """What the server wrote to stderr: so far while it runs, all of it once it has
+        exited (`stop()`)."""
+        if self.server is None:
+            return ""
+        if self.server.poll() is not None:
+            self._draining.join(10)
+        return b"".join(self._stderr).decode(errors="replace")
 
     def text(self, path: str) -> tuple[int, str]:
         """(status, body) of one request on a new connection."""

@@ -2,7 +2,10 @@
 -- The argument layout is generated from contract.py: ARGV[1] is the call's plan (its
 -- limits' figures, the version key, the counters' prefix: parsed once, see begin), then
 -- the call's own values (its time, its token, each window limit's field) where the plan
--- says; KEYS holds one base key per limit.
+-- says; KEYS holds one base key per limit, then every other key the call may touch
+-- (window hashes, warm-up and lockout states, the version key, the carried counts' keys),
+-- as a strict server runs only a script that touches no key it was not given: the
+-- limits are counted by the plan.
 -- The script does not count: the engine tallies every decision in process (see
 -- engine/tally.py), and now and then a call carries those counts after the call's
 -- values, CARRY values each: 'c', policy, minute, field, n for a counter; 'o', policy,
@@ -12,7 +15,7 @@
 -- it admitted, r or w)}. The version goes back as Redis stored it (text): the engine
 -- reads the number, and the script parses none.
 local plan, now, token = begin(ARGV)
-local n = #KEYS
+local n = #plan
 local checks, admitted = check_all(KEYS, ARGV, now, plan)
 local version = 0
 if plan.version_key ~= '' then version = redis.call('GET', plan.version_key) or 0 end

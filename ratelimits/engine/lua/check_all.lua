@@ -116,7 +116,7 @@ local checks = {}
 -- enforced limit admits (a shadow limit never refuses, nor does a refund), else 0.
 local function check_all(keys, argv, now, plan)
   local admitted = 1
-  for i = 1, #keys do
+  for i = 1, #plan do
     local s = plan[i]
     local r
     if s.refund then

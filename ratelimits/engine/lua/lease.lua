@@ -8,7 +8,7 @@
 -- LEASE_*: algorithm, limit, period_us, cost, want (0 = only give back), back_window
 -- ('' = nothing to give back), back_units, field, back_epoch, and a calendar window's
 -- three boundaries (µs; 0 when none), as a decision carries them. KEYS: one base key per
--- limit.
+-- limit, then the window hashes the call may touch (`keynames.reached_keys`).
 -- Per key, first the give-back: back_units return to window back_window only while it is
 -- still the current window (a window that ended keeps its count: its requests are over,
 -- and a sliding window's previous count must not shrink under the next one's estimate),
@@ -84,7 +84,7 @@ if not now then
   now = tonumber(t[1]) * US + tonumber(t[2])
 end
 local out = {now}
-for i = 1, #KEYS do
+for i = 1, (#ARGV - 1) / LEASE_PER do
   local o = 1 + (i - 1) * LEASE_PER
   local algorithm = ARGV[o + LEASE_ALGORITHM]
   local L = tonumber(ARGV[o + LEASE_LIMIT])

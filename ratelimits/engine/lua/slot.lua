@@ -1,13 +1,13 @@
 -- Redis Cluster entry point: the limits of ONE hash slot of a request. Like batch.lua it
--- checks every limit and charges them only if every enforced one admits, but it touches
--- only its declared keys (and their window keys, under the same hash tag): no version, no
--- counters, no offenders (the engine tallies those in process). ARGV as for batch.lua
+-- checks every limit and charges them only if every enforced one admits, but its keys
+-- are its limits' alone (their base keys, then their window hashes, warm-up and lockout
+-- states, all under one hash tag): no version, no counters, no offenders (the engine tallies those in process). ARGV as for batch.lua
 -- (the plan's version key and counters' prefix are ignored).
 -- Returns {admitted, now_us, then per limit: remaining, reset_after, wait, outcome (as
 -- batch.lua answers them), s1, s2}: s1 and s2 are what the charge wrote ('' when
 -- nothing), handed back to refund.lua should another slot of the request refuse.
 local plan, now, token = begin(ARGV)
-local n = #KEYS
+local n = #plan
 local checks, admitted = check_all(KEYS, ARGV, now, plan)
 local function text(x)
   if x == nil then return '' end

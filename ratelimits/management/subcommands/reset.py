@@ -7,6 +7,7 @@ from argparse import ArgumentParser
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ratelimits.engine.local_first import LocalFirst
 from ratelimits.management.subcommands.lookup import policy_named
 from ratelimits.management.subcommands.subcommand import Subcommand
 from ratelimits.matching.identity import display_identity
@@ -72,7 +73,10 @@ def _recent(name: str) -> str:
     """The clients the policy refused most lately, as a hint for `--key`; "" when the
     store does not answer."""
     try:
-        recent = observe.offenders(name, 5)
+        engine = engines.get_engine()
+        if isinstance(engine, LocalFirst):  # what this process refused, sent before reading
+            engine.flush()
+        recent = observe.offenders(name, 5, engine=engine)
     except Exception:  # only a hint: the error above says what matters
         return ""
     if not recent:
