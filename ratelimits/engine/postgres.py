@@ -194,16 +194,25 @@ class PostgresEngine(Acquiring):
     def _install(self, conn: Any) -> None:
         """Create the tables and functions unless this version's are there, under a lock
         so that processes starting together do not race on the catalogue."""
+        import psycopg
+
         with self._lock:
             if self._installed:
                 return
             found = conn.execute(
                 "SELECT to_regproc('ratelimits_count_v1') IS NOT NULL").fetchone()[0]
             if not found:
-                with conn.transaction():
-                    conn.execute("SET LOCAL statement_timeout = 0")
-                    conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_SPACE,))
-                    conn.execute(install_sql(), prepare=False)
+                try:
+                    with conn.transaction():
+                        conn.execute("SET LOCAL statement_timeout = 0")
+                        conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_SPACE,))
+                        conn.execute(install_sql(), prepare=False)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise EngineError(
+                        "the PostgreSQL engine could not create its tables and functions "
+                        f"({exc}): grant the limiter's role CREATE on the first schema of "
+                        "its search_path, or give it a schema of its own (options="
+                        "-csearch_path=<schema>)") from exc
             self._installed = True
 
     def _call(self, sql: str, params: Sequence[Any]) -> Any:

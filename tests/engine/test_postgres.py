@@ -314,3 +314,24 @@ def test_processes_sharing_the_limits_are_counted_by_their_heartbeat(postgres_ur
     finally:
         for engine in (first, second, other_site):
             engine.close()
+
+
+def test_a_role_that_may_not_create_the_tables_is_told_what_to_grant(postgres_server):
+    """On PostgreSQL 15 and later, `public` lets only the database's owner create."""
+    import uuid
+
+    role = f"rl_reader_{uuid.uuid4().hex[:8]}"
+    name = f"ratelimits_owned_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = postgres_server.rsplit("/", 1)[0].replace("postgres@", f"{role}@") + "/" + name
+    engine = PostgresEngine(url)
+    try:
+        with pytest.raises(EngineError, match="grant the limiter's role CREATE"):
+            engine.evaluate([Limit("c", "fixed_window", 1, 10)])
+    finally:
+        engine.close()
+        with psycopg.connect(postgres_server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+            admin.execute(f'DROP ROLE "{role}"')
