@@ -29,6 +29,7 @@ from bench import (
     exactness,
     memory,
     overrides,
+    postgres,
     replay,
     request_path,
 )
@@ -47,6 +48,7 @@ SECTIONS = {
     "10": asgi.run,
     "11": adaptive.run,
     "12": calls.run,
+    "13": postgres.run,
 }
 
 

@@ -25,6 +25,8 @@ ratelimits.W010  a saved policy cannot run as saved: its call: key or cost funct
 ratelimits.E005  RATELIMIT_USE_CACHE (django-ratelimit's) names a cache every process
                  shares that is not Redis: ratelimits would count in each process alone
 ratelimits.W009  RATELIMIT_USE_CACHE is set but not read: RATELIMITS names the store
+ratelimits.E006  RATELIMITS["DATABASE"] names no DATABASES alias, or one that is not
+                 PostgreSQL
 
 The "System checks" page of the documentation (docs/checks.md) says what triggers each one
 and how to fix it.
@@ -45,7 +47,7 @@ from django.utils.module_loading import import_string
 
 from ratelimits.conf import UPSTREAM_CACHE, build_config, setting_or_default, user_settings
 from ratelimits.matching.paths import PathPattern, normalize_path
-from ratelimits.pipeline.engines import cache_backend, is_redis_backend
+from ratelimits.pipeline.engines import cache_backend, is_redis_backend, postgres_conninfo
 from ratelimits.pipeline.metrics import available
 
 MIDDLEWARE = "ratelimits.middleware.RateLimitMiddleware"
@@ -98,8 +100,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="ratelimits.W003",
             )
         )
-    if config["REDIS_URL"] is not None:
-        return messages  # the engine's own Redis: CACHE is not used, and limits are shared
+    if config["REDIS_URL"] is not None or config["DATABASE"] is not None:
+        # the engine's own Redis, or PostgreSQL (`check_database`): CACHE is not used,
+        # and limits are shared
+        return messages
     alias = config["CACHE"]
     backend = cache_backend(alias)
     named = "RATELIMITS['CACHE']"
@@ -130,13 +134,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def ensure_valid() -> None:
-    """Raise ImproperlyConfigured if `check_settings` finds an error in RATELIMITS.
+    """Raise ImproperlyConfigured if `check_settings` or `check_database` finds an error
+    in RATELIMITS.
 
     Servers (gunicorn, uWSGI, uvicorn, daphne) never run the system checks, so the
     middleware calls this when the server builds its handler: a mistake stops the app at
     start-up instead of switching enforcement off for every request.
     """
-    errors = [m for m in check_settings() if m.is_serious()]
+    errors = [m for m in (*check_settings(), *check_database()) if m.is_serious()]
     if errors:
         raise ImproperlyConfigured(
             "; ".join(f"{m.msg} ({m.id}: {m.hint})" if m.hint else f"{m.msg} ({m.id})"
@@ -464,6 +469,23 @@ def _shared_elsewhere(backend: str | None) -> bool:
     cannot."""
     return backend is not None and not is_redis_backend(backend) and not backend.startswith(
         _PER_PROCESS_CACHES)
+
+
+@checks.register()
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`RATELIMITS['DATABASE']`: a PostgreSQL alias of DATABASES, or a postgresql:// URL."""
+    try:
+        database = build_config(user_settings())["DATABASE"]
+    except ImproperlyConfigured:
+        return []  # ratelimits.E001
+    if database is None:
+        return []
+    try:
+        postgres_conninfo(database)
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="See the PostgreSQL section of docs/scale-out.md.",
+                             id="ratelimits.E006")]
+    return []
 
 
 @checks.register()

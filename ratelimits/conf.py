@@ -132,6 +132,17 @@ def _clock(value: Any) -> str:
     return str(value)
 
 
+def _database(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a DATABASES alias or a postgresql:// URL, got {value!r}")
+    if "://" in value and not value.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"a URL here must be postgresql:// (or postgres://), got "
+                         f"{value.split('://', 1)[0]}://; a Redis URL goes in REDIS_URL")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"must be a positive integer, got {value!r}")
@@ -152,6 +163,9 @@ SETTINGS: dict[str, Setting] = {
     # The engine's own Redis, instead of the CACHE alias: a URL of one of the schemes of
     # `engine.deployments` (parsed into a RedisURL).
     "REDIS_URL": Setting(None, parse_redis_url),
+    # PostgreSQL instead of Redis, for sites without Redis: a DATABASES alias (the engine
+    # opens connections of its own from its settings) or a postgresql:// URL.
+    "DATABASE": Setting(None, _database),
     # Prefix of every key the engine writes; the policy version lives at PREFIX + "version".
     "KEY_PREFIX": Setting("rl:", _string),
     "HEADERS": Setting("ietf", _header_style),
@@ -225,6 +239,10 @@ def build_config(user: Any) -> Mapping[str, Any]:
             values[name] = setting.check(raw)
         except ValueError as exc:
             raise ImproperlyConfigured(f"RATELIMITS[{name!r}] {exc}") from None
+    if values["REDIS_URL"] is not None and values["DATABASE"] is not None:
+        raise ImproperlyConfigured(
+            "RATELIMITS sets both REDIS_URL and DATABASE: the limits live in one store; "
+            "keep REDIS_URL for Redis, or DATABASE for PostgreSQL.")
     return MappingProxyType(values)
 
 
@@ -241,7 +259,7 @@ def user_settings() -> Any:
     upstream = getattr(settings, UPSTREAM_CACHE, None)
     if upstream is None or not isinstance(user, Mapping | None):
         return user
-    if user is not None and ("CACHE" in user or "REDIS_URL" in user):
+    if user is not None and ("CACHE" in user or "REDIS_URL" in user or "DATABASE" in user):
         return user
     return {**(user or {}), "CACHE": upstream}
 

@@ -202,8 +202,12 @@ class LocalFirst(Acquiring):
     """
 
     def __init__(self, store: StoreEngine, aio: AsyncEngine | None = None, *,
-                 hold: float = HOLD, clock: Callable[[], float] = time.time) -> None:
+                 hold: float = HOLD, clock: Callable[[], float] = time.time,
+                 leasing: bool = True) -> None:
         self.store = store
+        #: False for a store that takes no leases yet (PostgreSQL): a limit's `batch` is
+        #: then left unused, and the store decides each of its requests, exactly.
+        self.leasing = leasing
         self.aio = aio
         self.clock = clock
         self.denied = DenyCache(hold)
@@ -223,7 +227,7 @@ class LocalFirst(Acquiring):
             if local is not None:
                 return local
         for limit in limits:
-            if limit.batch is not None:
+            if limit.batch is not None and self.leasing:
                 decision = self._leased(limits, now, at)
                 break
         else:
@@ -244,7 +248,7 @@ class LocalFirst(Acquiring):
                 return local
         decision: Decision
         for limit in limits:
-            if limit.batch is not None:
+            if limit.batch is not None and self.leasing:
                 decision, answered = await lease.adecide(self.aio, self.leases, limits, now, at)
                 self._count_answered(answered, at)
                 break

@@ -1,4 +1,5 @@
-"""Which engine decides: `REDIS_URL`'s Redis, else the configured cache's, else in process.
+"""Which engine decides: `REDIS_URL`'s Redis, else `DATABASE`'s PostgreSQL, else the
+configured cache's Redis, else in process.
 
 Built lazily on first use and kept for the life of the process; dropped when `CACHES` or
 `RATELIMITS` change (tests, `override_settings`).
@@ -33,6 +34,7 @@ from ratelimits.engine.deployments import (
 from ratelimits.engine.interfaces import AsyncEngine, Engine, Holder, StoreEngine
 from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.memory import MemoryEngine
+from ratelimits.engine.postgres import PostgresEngine
 from ratelimits.engine.types import Decision, Limit
 from ratelimits.pipeline.metrics import recorder_for
 
@@ -117,6 +119,12 @@ def _build_engine(config: Mapping[str, Any]) -> Engine:
     if url is not None:
         engine, twin = _engine_on_url(url, timeouts, shared)
         return LocalFirst(engine, twin)
+    if config["DATABASE"] is not None:
+        store = PostgresEngine(postgres_conninfo(config["DATABASE"]),
+                               prefix=shared["prefix"], version_key=shared["version_key"],
+                               timeout=timeouts[0], connect_timeout=timeouts[1],
+                               breaker=_breaker, clock=shared["clock"])
+        return LocalFirst(store, leasing=False)  # no leases on PostgreSQL yet
     alias = config["CACHE"]
     if cache_backend(alias) is None:
         raise ImproperlyConfigured(
@@ -144,6 +152,47 @@ def _engine_on_url(url: RedisURL, timeouts: tuple[float, float],
             "(ratelimits.engine.cluster is missing): upgrade ratelimits, or point "
             "REDIS_URL at one server (redis://, rediss://, unix://)."
         ) from None
+
+
+#: DATABASES OPTIONS that Django's PostgreSQL backend reads itself (the others are
+#: libpq's connection parameters, passed on).
+_DJANGO_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool",
+                             "assume_role", "cursor_factory", "context"})
+
+
+def postgres_conninfo(database: str) -> str:
+    """The connection string of `RATELIMITS['DATABASE']`: a postgresql:// URL as given,
+    or built from the settings of that DATABASES alias (a PostgreSQL one); the engine
+    opens connections of its own with it, never the request's."""
+    if "://" in database:
+        return database
+    entry = getattr(settings, "DATABASES", {}).get(database)
+    if entry is None:
+        raise ImproperlyConfigured(
+            f"RATELIMITS['DATABASE'] is {database!r}, which is not an alias in DATABASES: "
+            "name one of your DATABASES aliases (a PostgreSQL one), or give a "
+            "postgresql:// URL.")
+    backend = str(entry.get("ENGINE", ""))
+    if "postg" not in backend:
+        raise ImproperlyConfigured(
+            f"RATELIMITS['DATABASE'] is {database!r}, whose ENGINE is {backend!r}: the "
+            "limits can be kept in PostgreSQL only (django.db.backends.postgresql); "
+            "name a PostgreSQL alias, or use Redis (REDIS_URL or CACHE).")
+    return conninfo_of(entry)
+
+
+def conninfo_of(entry: Mapping[str, Any]) -> str:
+    """A libpq connection string of the server and database of one DATABASES entry."""
+    params = {key: value for key, value in (entry.get("OPTIONS") or {}).items()
+              if key not in _DJANGO_OPTIONS}
+    for key, name in (("NAME", "dbname"), ("USER", "user"), ("PASSWORD", "password"),
+                      ("HOST", "host"), ("PORT", "port")):
+        if entry.get(key):
+            params[name] = entry[key]
+    # libpq's key='value' form: a quote or backslash in a value is escaped
+    return " ".join(
+        "{}='{}'".format(key, str(value).replace("\\", "\\\\").replace("'", "\\'"))
+        for key, value in params.items())
 
 
 def get_local_engine() -> MemoryEngine:
@@ -235,9 +284,11 @@ def install(engine: MemoryEngine) -> None:
 
 
 def is_shared() -> bool:
-    """Whether limits are shared between processes (REDIS_URL or a Redis-backed cache)."""
+    """Whether limits are shared between processes (REDIS_URL, DATABASE or a Redis-backed
+    cache)."""
     config = get_config()
-    return config["REDIS_URL"] is not None or is_redis_backend(cache_backend(config["CACHE"]))
+    return (config["REDIS_URL"] is not None or config["DATABASE"] is not None
+            or is_redis_backend(cache_backend(config["CACHE"])))
 
 
 @runtime.on_reset

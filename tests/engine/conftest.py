@@ -1,5 +1,6 @@
 """Every engine test runs against both backends: Redis (real server) and in-process; the
-conformance tables against every engine there is (`every_engine`)."""
+conformance tables against every engine there is (`every_engine`), PostgreSQL's too (on
+the machine's server, in a database of the run's own)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ratelimits.engine.aio import AsyncClusterEngine, AsyncRedisEngine
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.deployments import async_twin_client
 from ratelimits.engine.local_first import LocalFirst
+from ratelimits.engine.postgres import PostgresEngine
 from ratelimits.engine.types import Decision
 
 #: An epoch second aligned to every window used in the tables (divisible by 3600).
@@ -30,10 +32,17 @@ def clean_state() -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["redis", "redis-client-clock", "memory"])
+@pytest.fixture(params=["redis", "redis-client-clock", "memory", "postgres"])
 def engine(request: pytest.FixtureRequest):
-    """Each engine: in process, and Redis with its scripts reading the server's clock or
-    with each call sending this process's (`clock="client"`, see `keynames.CLOCKS`)."""
+    """Each engine: in process, Redis with its scripts reading the server's clock or
+    with each call sending this process's (`clock="client"`, see `keynames.CLOCKS`), and
+    PostgreSQL."""
+    if request.param == "postgres":
+        engine = PostgresEngine(request.getfixturevalue("postgres_url"),
+                                version_key="rl:version")
+        yield engine
+        engine.close()
+        return
     if request.param != "memory":
         client = request.getfixturevalue("redis_client")
         clock = "client" if request.param == "redis-client-clock" else "store"
@@ -122,6 +131,8 @@ ENGINES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "cluster": _cluster,
     "async-redis": _async_redis,
     "async-cluster": _async_cluster,
+    "postgres": lambda request: PostgresEngine(request.getfixturevalue("postgres_url"),
+                                               version_key="rl:version"),
 }
 
 

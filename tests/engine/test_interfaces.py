@@ -15,6 +15,7 @@ from ratelimits.engine.aio import AsyncClusterEngine, AsyncRedisEngine
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.interfaces import AsyncEngine, Engine, Holder, StoreEngine
 from ratelimits.engine.local_first import LocalFirst
+from ratelimits.engine.postgres import PostgresEngine
 
 WRAPPERS = (LocalFirst, AsyncRedisEngine, AsyncClusterEngine)
 
@@ -60,9 +61,10 @@ def missing(engine: object, protocol: type) -> list[str]:
 
 
 @pytest.fixture
-def engines(redis_client, cluster) -> dict[str, tuple[object, type]]:
+def engines(redis_client, cluster, postgres_url) -> dict[str, tuple[object, type]]:
     """One engine of each class, each with the interface it promises."""
     store = RedisEngine(redis_client)
+    on_postgres = PostgresEngine(postgres_url)
     on_cluster = ClusterEngine(redis.cluster.RedisCluster(host="127.0.0.1",
                                                           port=cluster.ports[0]))
     built: dict[str, tuple[object, type]] = {
@@ -70,10 +72,12 @@ def engines(redis_client, cluster) -> dict[str, tuple[object, type]]:
         "redis": (store, StoreEngine),
         "cluster": (on_cluster, StoreEngine),
         "local first": (LocalFirst(store), StoreEngine),
+        "postgres": (on_postgres, StoreEngine),
         "adaptive": (AdaptiveEngine(), Holder),
     }
     yield built
     store.close()
+    on_postgres.close()
     on_cluster.close()
     on_cluster.client.close()
 

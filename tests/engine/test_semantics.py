@@ -8,6 +8,7 @@ import pytest
 
 from ratelimits.engine import Limit, MemoryEngine
 from ratelimits.engine.keynames import OFFENDERS_TTL, US, offenders_key
+from ratelimits.engine.postgres import PostgresEngine
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.types import Outcome
 from tests.engine.conftest import T0
@@ -236,6 +237,12 @@ def test_offenders_expire_after_two_hours(engine):
     if isinstance(engine, MemoryEngine):  # expiry on the engine's own clock
         assert engine._store.get(key, T0 * US + OFFENDERS_TTL * US - 1) is not None
         assert engine._store.get(key, T0 * US + OFFENDERS_TTL * US) is None
+    elif isinstance(engine, PostgresEngine):  # an hour's list: two hours after it ends
+        end = (hour + 1) * 3600 + OFFENDERS_TTL
+        engine.sweep(now=end - 0.001)
+        assert engine.offenders("p", hour) == [("x", 1)]
+        engine.sweep(now=end)
+        assert engine.offenders("p", hour) == []
     else:  # Redis expires on its own clock: the TTL is what can be checked
         assert OFFENDERS_TTL - 5 < engine.client.ttl(key) <= OFFENDERS_TTL
 

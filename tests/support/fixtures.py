@@ -82,6 +82,55 @@ def redis_client(redis_url: str) -> redis.Redis:
     client.close()
 
 
+#: The machine's PostgreSQL (trust auth), where each run makes a database of its own.
+POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: The PostgreSQL engine's tables, emptied before each test that uses `postgres_url`.
+POSTGRES_TABLES = ("ratelimits_state_v1", "ratelimits_counts_v1", "ratelimits_offenders_v1",
+                   "ratelimits_version_v1", "ratelimits_live_v1")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A database of this run's own (this worker's, under xdist) on the machine's
+    PostgreSQL (`POSTGRES_SERVER`, or the server of `POSTGRES_URL` when set), dropped at
+    the end; its URL. Fails (never skips) when the server does not answer."""
+    import psycopg
+
+    server = os.environ.get("POSTGRES_URL", POSTGRES_SERVER)
+    name = f"ratelimits_test_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{os.getpid()}"
+    try:
+        admin = psycopg.connect(server, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        pytest.fail(f"PostgreSQL at {server} does not answer ({exc}): start it, or set "
+                    "POSTGRES_URL to a server where these tests may create a database")
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = server.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield url
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """The run's PostgreSQL database with the engine's tables emptied (those that exist:
+    the first engine creates them), before and after the test."""
+    import psycopg
+
+    def empty() -> None:
+        discard_all()  # counts of engines not closed: never into the next test's tables
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            there = [t for t in POSTGRES_TABLES
+                     if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0]]
+            if there:
+                conn.execute(f"TRUNCATE {', '.join(there)}")
+
+    empty()
+    yield postgres_server
+    empty()
+
+
 class Database:
     """The run's Redis database, held open for the run: emptied where a test left keys."""
 

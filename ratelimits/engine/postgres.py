@@ -1,0 +1,545 @@
+"""The PostgreSQL engine: every limit of a request decided in one call of a PL/pgSQL
+function, for sites whose only shared store is their database.
+
+The function (`sql/postgres.sql`) is to PostgreSQL what the batch script is to Redis:
+it locks the request's clients (transaction-level advisory locks, taken in one order so
+that two requests never deadlock), checks every limit, and charges all of them or none,
+each algorithm step for step as its twin in `algorithms.py`, in the same IEEE doubles,
+so the figures are the ones the other engines give. The engine installs its tables and
+functions itself on first use (no migration: the engine knows nothing of Django), and
+talks through connections of its own in autocommit, one per thread, opened again in a
+forked child: a charge is never part of a view's transaction, so the view's rollback
+cannot undo it and a long view cannot hold a client's lock.
+
+Not yet here (the pipeline is told so rather than left to guess): leases (`batch`) and
+the change-push watch (each process reads the policy version instead, and its heartbeat
+rides on that read every `BEAT_EVERY` seconds). The counters and offenders are tallied
+in process and sent in the background, as the Redis engine does (`tally`). A call with
+a calendar window is decided on this process's clock, which names the window (the
+server's could name it only inside the call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from importlib.resources import files
+from typing import Any
+
+from ratelimits.engine.acquire import Acquiring
+from ratelimits.engine.breaker import CircuitBreaker
+from ratelimits.engine.calendar import window
+from ratelimits.engine.constants import (
+    CONCURRENCY_RETRY_US,
+    EPS,
+    FLOOR_EPS,
+    OFFENDERS_CAP,
+    OFFENDERS_TTL,
+    STATS_TTL,
+    TOKEN_EPS,
+    US,
+)
+from ratelimits.engine.contract import assemble, result_values
+from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
+from ratelimits.engine.heartbeat import BEAT_EVERY, LIVE_TTL
+from ratelimits.engine.keynames import (
+    client_key,
+    guaranteed,
+    new_token,
+    period_us,
+    to_us,
+)
+from ratelimits.engine.lease import Grant, Leftover
+from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.tally import Counts, Tally
+from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.watch import ChangeWatch
+
+__all__ = ["PostgresEngine", "install_sql", "unsupported"]
+
+#: The class id of the engine's advisory locks (two-int form, so they never meet a
+#: site's own single-bigint advisory locks): "RLIM".
+LOCK_SPACE = 0x524C494D
+#: Every this many calls per process, one call also deletes expired rows, at most
+#: `SWEEP_ROWS` of each table (a bounded DELETE, never a walk of the whole table).
+SWEEP_EVERY = 1_000
+SWEEP_ROWS = 1_000
+
+_SQL_CONSTANTS = {
+    "__EPS__": EPS,
+    "__TOKEN_EPS__": TOKEN_EPS,
+    "__FLOOR_EPS__": FLOOR_EPS,
+    "__CONCURRENCY_RETRY_US__": CONCURRENCY_RETRY_US,
+    "__STATS_TTL__": STATS_TTL,
+    "__OFFENDERS_TTL__": OFFENDERS_TTL,
+    "__OFFENDERS_CAP__": OFFENDERS_CAP,
+    "__LOCK_SPACE__": LOCK_SPACE,
+}
+
+
+def install_sql() -> str:
+    """The tables and functions the engine installs, with the shared constants written
+    in (as the Lua scripts get them), so SQL and Python never disagree on one."""
+    text = files("ratelimits.engine").joinpath("sql/postgres.sql").read_text("utf-8")
+    for name, value in _SQL_CONSTANTS.items():
+        literal = repr(value) if isinstance(value, float) else str(int(value))
+        text = text.replace(name, f"({literal}::float8)" if isinstance(value, float)
+                            else literal)
+    return text
+
+
+def unsupported(limit: Limit) -> str | None:
+    """Why this engine cannot decide `limit` (None: it can)."""
+    spec = REGISTRY[limit.algorithm]
+    if spec.learned:
+        return (f"{spec.label} is learnt in each process "
+                "(ratelimits.engine.adaptive.AdaptiveEngine), not decided by a store")
+    return None
+
+
+class _Connections(threading.local):
+    """Each thread's connection, and the process that opened it."""
+
+    conn: Any = None
+    pid = 0
+
+
+class PostgresEngine(Acquiring):
+    """Decides on a PostgreSQL server at `conninfo` (a `postgresql://` URL or a libpq
+    connection string). Thread-safe: each thread of each process talks through its own
+    autocommit connection (async code: in a worker thread, `Acquiring`'s).
+
+    `timeout` (seconds) bounds each statement on the server, `connect_timeout` each new
+    connection; a server out of reach, or one too slow, raises `EngineUnavailable`, as
+    the Redis engine does, and `breaker` makes calls fail fast after a few of them.
+    """
+
+    def __init__(self, conninfo: str, *, prefix: str = "rl:",
+                 version_key: str | None = None, timeout: float = 0.5,
+                 connect_timeout: float = 0.5, breaker: CircuitBreaker | None = None,
+                 beat_every: float = BEAT_EVERY, clock: str = "store") -> None:
+        try:
+            import psycopg  # noqa: F401  (said at construction, not on the first request)
+        except ImportError:  # pragma: no cover - the extra is installed in the tests
+            raise ImportError(
+                "the PostgreSQL engine needs psycopg 3: pip install 'ratelimits[postgres]'"
+            ) from None
+        self.conninfo = conninfo
+        self.prefix = prefix
+        self.version_key = version_key
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.breaker = breaker
+        #: Whose clock decides a call given no time (`keynames.CLOCKS`): the server's
+        #: ("store"), or this process's ("client"), sent with the call.
+        self.clock = clock
+        self._local = _Connections()
+        self._installed = False
+        self._lock = threading.Lock()
+        self._calls = 0
+        #: Connections a forked child inherited: kept, never closed or collected there,
+        #: since closing one would end its parent's session on the shared socket.
+        self._inherited: list[Any] = []
+        #: Every connection process `_opened_by` opened (each thread's), for `close()`.
+        self._opened: list[Any] = []
+        self._opened_by = os.getpid()
+        self.tally = Tally(self._send)
+        #: The heartbeat: seconds between two beats, the next one's monotonic time, this
+        #: process's name in the group (new in a forked child) and the last count learnt.
+        self.beat_every = beat_every
+        self._beat_at = 0.0
+        self._member = ""
+        self._live: int | None = None
+
+    # -- connections ---------------------------------------------------------------
+
+    def _connection(self) -> Any:
+        import psycopg
+
+        local = self._local
+        conn = local.conn
+        if conn is not None and local.pid == os.getpid() and not conn.closed:
+            return conn
+        local.conn = None
+        # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
+        # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
+        # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
+        conn = psycopg.connect(self.conninfo, autocommit=True,
+                               connect_timeout=max(2, math.ceil(self.connect_timeout)),
+                               keepalives=1, keepalives_idle=1, keepalives_interval=1,
+                               keepalives_count=3,
+                               tcp_user_timeout=max(1000, round(self.timeout * 2000)))
+        # set in the session, not as startup options: the site's own `options` (a
+        # search_path) stay as given, and PgBouncer refuses unknown startup options.
+        # Read committed whatever the database's default: each statement of the
+        # function then reads what the previous holder of a client's lock committed
+        # (a snapshot taken before the lock was granted would miss it).
+        conn.execute("SELECT set_config('statement_timeout', %s, false), "
+                     "set_config('default_transaction_isolation', 'read committed', false)",
+                     (f"{max(1, round(self.timeout * 1000))}ms",))
+        local.conn, local.pid = conn, os.getpid()
+        with self._lock:
+            self._forked()
+            self._opened.append(conn)
+        if not self._installed:
+            self._install(conn)
+        return conn
+
+    def _install(self, conn: Any) -> None:
+        """Create the tables and functions unless this version's are there, under a lock
+        so that processes starting together do not race on the catalogue."""
+        import psycopg
+
+        with self._lock:
+            if self._installed:
+                return
+            found = conn.execute(
+                "SELECT to_regproc('ratelimits_count_v1') IS NOT NULL").fetchone()[0]
+            if not found:
+                try:
+                    with conn.transaction():
+                        conn.execute("SET LOCAL statement_timeout = 0")
+                        conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_SPACE,))
+                        conn.execute(install_sql(), prepare=False)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise EngineError(
+                        "the PostgreSQL engine could not create its tables and functions "
+                        f"({exc}): grant the limiter's role CREATE on the first schema of "
+                        "its search_path, or give it a schema of its own (options="
+                        "-csearch_path=<schema>)") from exc
+            self._installed = True
+
+    def _call(self, sql: str, params: Sequence[Any]) -> Any:
+        """Run one statement and return its first row, behind the circuit breaker, with
+        psycopg's errors said as the engine's."""
+        import psycopg
+
+        breaker = self.breaker
+        if breaker is not None and not breaker.allow():
+            raise CircuitOpen("the PostgreSQL store failed repeatedly: calls fail fast "
+                              "for the breaker's cool-down")
+        try:
+            row = self._connection().execute(sql, params).fetchone()
+        except (psycopg.OperationalError, psycopg.errors.QueryCanceled) as exc:
+            self._drop()
+            if breaker is not None:
+                breaker.failure()
+            raise EngineUnavailable(f"PostgreSQL did not answer: {exc}") from exc
+        except psycopg.Error as exc:
+            self._drop()
+            raise EngineError(f"PostgreSQL refused the call: {exc}") from exc
+        if breaker is not None and not breaker.clear:
+            breaker.success()
+        return row
+
+    def _drop(self) -> None:
+        """Forget this thread's connection after a failure (the next call opens one)."""
+        conn = self._local.conn
+        self._local.conn = None
+        if conn is not None and self._local.pid == os.getpid():
+            with contextlib.suppress(Exception):  # a broken connection may fail to close
+                conn.close()
+
+    # -- deciding ------------------------------------------------------------------
+
+    def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
+        """Check every limit and charge them all only if every enforced one admits: one
+        call of `ratelimits_decide_v1`."""
+        keys: list[str] = []
+        algos: list[str] = []
+        shadows: list[bool] = []
+        stages: list[int] = []
+        ls: list[float] = []
+        ps: list[float] = []
+        bs: list[float] = []
+        cs: list[float] = []
+        mws: list[float] = []
+        ws: list[float] = []
+        lockouts: list[float] = []
+        #: a calendar window's number and end (None: a period-long window)
+        wins: list[float | None] = []
+        ends: list[float | None] = []
+        holds = False
+        if now is None and (self.clock == "client"
+                            or any(limit.calendar for limit in limits)):
+            now = time.time()  # this process's clock: a calendar window is named here
+        for limit in limits:
+            why = unsupported(limit)
+            if why is not None:
+                raise ValueError(f"limit {limit.name or limit.key!r}: {why}")
+            spec = REGISTRY[limit.algorithm]
+            keys.append(client_key(self.prefix, limit))
+            algos.append(limit.algorithm)
+            ls.append(float(limit.limit))
+            ps.append(float(period_us(limit)))
+            bs.append(float(spec.burst_of(limit)))
+            cs.append(float(limit.cost))
+            mws.append(float(to_us(limit.max_wait)))
+            ws.append(float(to_us(limit.warmup)))
+            shadows.append(limit.shadow)
+            lockouts.append(float(to_us(limit.lockout)))
+            stages.append(limit.stage)
+            if limit.calendar and now is not None:
+                start, end = window(limit.calendar, limit.zone, now)
+                wins.append(float(start))
+                ends.append(float(end * US))
+            else:
+                wins.append(None)
+                ends.append(None)
+            holds = holds or spec.holds_slots
+        token = new_token() if holds else None
+        now_us = None if now is None else float(to_us(now))
+        row = self._call(
+            "SELECT * FROM ratelimits_decide_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            "%s, %s, %s::float8[], %s::float8[], %s, %s)",
+            (now_us, keys, algos, ls, ps, bs, cs, mws, ws, shadows, lockouts, stages,
+             wins, ends, token, self.version_key),
+        )
+        self._chores(now_us)
+        decided_us, admitted, version, remaining, reset_after, wait, outcome = row
+        raw: list[Any] = []
+        for i in range(len(limits)):
+            raw += result_values(1 if outcome[i] in ("a", "o") else 0, remaining[i],
+                                 reset_after[i], wait[i], wait[i], outcome[i])
+        decision = assemble(limits, raw, admitted=admitted, version=version, token=token,
+                            now_us=int(decided_us))
+        self.tally.add(decision, int(decided_us))
+        return decision
+
+    def _chores(self, now_us: float | None) -> None:
+        """Every `SWEEP_EVERY` calls, delete expired rows (a separate short statement, so
+        the decision's locks are never held while it runs)."""
+        self._calls += 1
+        if self._calls % SWEEP_EVERY:
+            return
+        with contextlib.suppress(EngineError):  # the next sweep deletes what this one left
+            self._call("SELECT ratelimits_sweep_v1(%s, %s)", (now_us, SWEEP_ROWS))
+
+    def sweep(self, now: float | None = None, most: int = SWEEP_ROWS) -> int:
+        """Delete at most `most` expired rows of each table now; how many went."""
+        now_us = None if now is None else float(to_us(now))
+        return int(self._call("SELECT ratelimits_sweep_v1(%s, %s)", (now_us, most))[0])
+
+    # -- held slots ----------------------------------------------------------------
+
+    #: The slots of `concurrency` limits expire after their period unless renewed.
+    slots_expire = True
+
+    def release(self, decision: Decision) -> None:
+        """Free the concurrency slots an admitted decision holds (one call)."""
+        self._slots(decision.holding(), None, renew=False)
+
+    def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
+        """Keep the slots these decisions hold for another period from now."""
+        held = [pair for decision in decisions for pair in decision.holding()]
+        if now is None and self.clock == "client":
+            now = time.time()
+        self._slots(held, None if now is None else float(to_us(now)), renew=True)
+
+    def _slots(self, held: Sequence[tuple[Limit, Sequence[str]]], now_us: float | None,
+               *, renew: bool) -> None:
+        if not held:
+            return
+        self._call(
+            "SELECT ratelimits_slots_v1(%s, %s, %s, %s, %s)",
+            (now_us, [client_key(self.prefix, limit) for limit, _ in held],
+             ["\n".join(members) for _, members in held],
+             [float(period_us(limit)) for limit, _ in held], renew),
+        )
+
+    # -- the policy version ----------------------------------------------------------
+
+    def read_version(self, now: float | None = None) -> int:
+        """The policy version (0 until the first bump), with this process's heartbeat
+        riding on the same call when one is due."""
+        if not self.version_key:
+            raise EngineError("this engine was built without a version_key")
+        if time.monotonic() < self._beat_at:
+            row = self._call("SELECT coalesce(max(v), 0) FROM ratelimits_version_v1 "
+                             "WHERE k = %s", (self.version_key,))
+            return int(row[0])
+        row = self._call(
+            "SELECT (SELECT coalesce(max(v), 0) FROM ratelimits_version_v1 WHERE k = %s), "
+            "ratelimits_beat_v1(%s, %s, %s)",
+            (self.version_key, self.prefix, self._name(), float(LIVE_TTL * US)))
+        self._beat_at = time.monotonic() + self.beat_every
+        self._live = int(row[1])
+        return int(row[0])
+
+    def _name(self) -> str:
+        """This process's name among those sharing the limits (a forked child's own)."""
+        pid = os.getpid()
+        if not self._member.endswith(f":{pid}"):
+            self._member = f"{socket.gethostname()}:{secrets.token_hex(4)}:{pid}"
+        return self._member
+
+    def bump_version(self) -> int:
+        """Tell every reader that the policies changed; the new version."""
+        if not self.version_key:
+            raise EngineError("this engine was built without a version_key")
+        row = self._call(
+            "INSERT INTO ratelimits_version_v1 AS t (k, v) VALUES (%s, 1) "
+            "ON CONFLICT (k) DO UPDATE SET v = t.v + 1 RETURNING v", (self.version_key,))
+        return int(row[0])
+
+    # -- state ----------------------------------------------------------------------
+
+    def reset(self, limit: Limit, now: float | None = None) -> None:
+        """Forget one client's state under one limit: its key and every key under it
+        (its windows, its warm-up)."""
+        self._call("SELECT ratelimits_reset_v1(%s)", (client_key(self.prefix, limit),))
+
+    # -- counters and offenders (tallied in process, see `tally`) -----------------------
+
+    def _send(self, counts: Counts, offenders: Counts) -> None:
+        names, minutes, fields, ns = [], [], [], []
+        for (name, minute), by_field in counts.items():
+            for field, n in by_field.items():
+                names.append(name)
+                minutes.append(minute)
+                fields.append(field)
+                ns.append(n)
+        onames, hours, whos, ons = [], [], [], []
+        for (name, hour), by_who in offenders.items():
+            for who, n in by_who.items():
+                onames.append(name)
+                hours.append(hour)
+                whos.append(who)
+                ons.append(n)
+        self._call("SELECT ratelimits_count_v1(%s, %s, %s, %s, %s, %s, %s, %s)",
+                   (names, minutes, fields, ns, onames, hours, whos, ons))
+        counts.clear()
+        offenders.clear()
+
+    def count_locally(self, decision: Decision, now_us: int) -> None:
+        """Count a decision made without the function (a remembered refusal)."""
+        self.tally.add(decision, now_us)
+
+    def count_fields(self, name: str, now_us: int, fields: Mapping[str, int]) -> None:
+        """Add figures to policy `name`'s counters of that minute (see `tally`)."""
+        self.tally.add_fields(name, now_us, fields)
+
+    def _flush_pending(self) -> None:
+        """Send this process's tally before reading figures (other processes' arrive
+        within `tally.FLUSH_EVERY`)."""
+        if self.tally.pending():
+            self.tally.flush()
+
+    def flush(self) -> None:
+        """Send what is tallied now (EngineUnavailable when it cannot)."""
+        self.tally.flush()
+
+    def counters(self, name: str, minute: int) -> dict[str, int]:
+        """The a/r/w/o counts of one policy in one minute (minutes since the epoch)."""
+        return self.counters_many([(name, minute)])[0]
+
+    def counters_many(self, wanted: Sequence[tuple[str, int]]) -> list[dict[str, int]]:
+        """`counters()` of many (name, minute) pairs, in one call."""
+        if not wanted:
+            return []
+        self._flush_pending()
+        row = self._call(
+            "SELECT coalesce(json_agg(json_build_array(w.i, c.field, c.n)), '[]') "
+            "FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY w(name, minute, i) "
+            "JOIN ratelimits_counts_v1 c ON c.name = w.name AND c.minute = w.minute",
+            ([name for name, _ in wanted], [minute for _, minute in wanted]),
+        )
+        out: list[dict[str, int]] = [{} for _ in wanted]
+        for i, field, n in row[0]:
+            out[i - 1][field] = int(n)
+        return out
+
+    def offenders(self, name: str, hour: int, n: int = 10) -> list[tuple[str, int]]:
+        """The clients one policy refused most (with would-be refusals) in one hour."""
+        return self.offenders_many([(name, hour)], n)[0]
+
+    def offenders_many(
+        self, wanted: Sequence[tuple[str, int]], n: int = 10
+    ) -> list[list[tuple[str, int]]]:
+        """`offenders()` of many (name, hour) pairs, in one call."""
+        if not wanted:
+            return []
+        self._flush_pending()
+        row = self._call(
+            "SELECT coalesce(json_agg(json_build_array(w.i, o.who, o.n, o.e)), '[]') "
+            "FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY w(name, hour, i) "
+            "JOIN ratelimits_offenders_v1 o ON o.name = w.name AND o.hour = w.hour",
+            ([name for name, _ in wanted], [hour for _, hour in wanted]),
+        )
+        found: list[tuple[dict[str, int], dict[str, int]]] = [({}, {}) for _ in wanted]
+        for i, who, count, error in row[0]:
+            counts, errors = found[i - 1]
+            counts[who] = int(count)
+            if error:
+                errors[who] = int(error)
+        return [guaranteed(counts, errors, n) for counts, errors in found]
+
+    def forget_figures(self, name: str, now: float | None = None) -> None:
+        """Forget every figure of policy `name` (its counters and offenders), as when the
+        policy is deleted. This process's tally is sent first, or its last counts would
+        come back (the other policies' with them)."""
+        self.flush()
+        self._call(
+            "WITH a AS (DELETE FROM ratelimits_counts_v1 WHERE name = %s RETURNING 1), "
+            "b AS (DELETE FROM ratelimits_offenders_v1 WHERE name = %s RETURNING 1) "
+            "SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b)", (name, name))
+
+    # -- what a store engine offers that this one does not yet --------------------------
+
+    @property
+    def live_instances(self) -> int | None:
+        """Processes that beat within `LIVE_TTL` at this one's last beat (None: no beat
+        yet)."""
+        return self._live
+
+    def lease(self, limits: Sequence[Limit], now: float | None = None, *,
+              back: Sequence[Leftover] = ()) -> list[Grant]:
+        """Leases (`batch`) are not supported yet: refused with a clear error."""
+        if not limits and not back:
+            return []
+        raise EngineError("leases (a policy's batch) are not supported by the PostgreSQL "
+                          "engine yet: remove the batch, or use Redis")
+
+    def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
+        """Nothing was leased: nothing to give back."""
+        if back:
+            raise EngineError("leases are not supported by the PostgreSQL engine yet")
+        return 0
+
+    def watch(self) -> ChangeWatch | None:
+        """None: no change push on PostgreSQL yet; processes read the version."""
+        return None
+
+    def announce_reset(self, name: str) -> None:
+        """Nothing to announce: with no watch, no process remembers across a reset
+        longer than its deny cache's hold."""
+
+    @property
+    def client(self) -> Any:
+        """This thread's psycopg connection."""
+        return self._connection()
+
+    def _forked(self) -> None:
+        """In a forked child (the lock held): the connections opened so far are the
+        parent's, kept aside and never closed here."""
+        if self._opened_by != os.getpid():
+            self._inherited.extend(self._opened)
+            self._opened, self._opened_by = [], os.getpid()
+
+    def close(self) -> None:
+        """Send what is tallied and close every connection this process opened."""
+        self.tally.close()
+        with self._lock:
+            self._forked()
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._local.conn = None
+
