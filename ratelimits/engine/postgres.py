@@ -103,6 +103,31 @@ def unsupported(limit: Limit) -> str | None:
     return None
 
 
+_bounded: type | None = None
+
+
+def _bounded_connection() -> type:
+    """psycopg's `Connection`, whose waits for the server end after its `call_timeout`
+    (seconds; None: no end): a server that accepts a statement and never answers (its
+    processes paused, a proxy holding the call) is given up as the Redis engine gives up
+    after its socket timeout. psycopg raises its `OperationalError` then, and the
+    connection is dropped: what it was doing is unknown."""
+    global _bounded
+    if _bounded is None:
+        import psycopg
+
+        class Bounded(psycopg.Connection):  # type: ignore[type-arg]
+            call_timeout: float | None = None
+
+            def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+                if len(args) < 2 and kwargs.get("timeout") is None:
+                    kwargs["timeout"] = self.call_timeout
+                return super().wait(gen, *args, **kwargs)
+
+        _bounded = Bounded
+    return _bounded
+
+
 class _Connections(threading.local):
     """Each thread's connection, and the process that opened it."""
 
@@ -160,8 +185,6 @@ class PostgresEngine(Acquiring):
     # -- connections ---------------------------------------------------------------
 
     def _connection(self) -> Any:
-        import psycopg
-
         local = self._local
         conn = local.conn
         if conn is not None and local.pid == os.getpid() and not conn.closed:
@@ -170,7 +193,7 @@ class PostgresEngine(Acquiring):
         # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
         # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
         # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
-        conn = psycopg.connect(self.conninfo, autocommit=True,
+        conn = _bounded_connection().connect(self.conninfo, autocommit=True,
                                connect_timeout=max(2, math.ceil(self.connect_timeout)),
                                keepalives=1, keepalives_idle=1, keepalives_interval=1,
                                keepalives_count=3,
@@ -183,6 +206,8 @@ class PostgresEngine(Acquiring):
         conn.execute("SELECT set_config('statement_timeout', %s, false), "
                      "set_config('default_transaction_isolation', 'read committed', false)",
                      (f"{max(1, round(self.timeout * 1000))}ms",))
+        # past the server's own statement_timeout (whose error says more), by as much
+        conn.call_timeout = 2 * self.timeout
         local.conn, local.pid = conn, os.getpid()
         with self._lock:
             self._forked()
@@ -202,6 +227,7 @@ class PostgresEngine(Acquiring):
             found = conn.execute(
                 "SELECT to_regproc('ratelimits_count_v1') IS NOT NULL").fetchone()[0]
             if not found:
+                bound, conn.call_timeout = conn.call_timeout, None  # a long statement
                 try:
                     with conn.transaction():
                         conn.execute("SET LOCAL statement_timeout = 0")
@@ -213,6 +239,8 @@ class PostgresEngine(Acquiring):
                         f"({exc}): grant the limiter's role CREATE on the first schema of "
                         "its search_path, or give it a schema of its own (options="
                         "-csearch_path=<schema>)") from exc
+                finally:
+                    conn.call_timeout = bound
             self._installed = True
 
     def _call(self, sql: str, params: Sequence[Any]) -> Any:

@@ -5,8 +5,10 @@ what it does not do yet refused clearly; and how a site chooses it."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
+import time
 import types
 
 import psycopg
@@ -193,6 +195,60 @@ def test_a_server_out_of_reach_is_the_engines_error_and_opens_the_breaker():
             engine.evaluate([limit])
     with pytest.raises(CircuitOpen):  # fails fast, no connection tried
         engine.evaluate([limit])
+
+
+def test_a_server_that_never_answers_is_given_up_after_twice_the_timeout(postgres_url):
+    """The engine's server processes paused (SIGSTOP): the statement is sent and nothing
+    comes back, nor does the server's own statement_timeout. The call gives up, as the
+    Redis engine's does after its socket timeout, and the next call once the server runs
+    again opens a new connection. (One thread makes every call: each thread has a
+    connection of its own.)"""
+    engine = PostgresEngine(postgres_url, timeout=0.2)
+    limit = Limit("c", "fixed_window", 5, 60)
+    asked, told = threading.Event(), []
+    outcomes: list[object] = []
+
+    def calls() -> None:
+        for _ in range(3):
+            asked.wait(30)
+            asked.clear()
+            try:
+                outcomes.append(engine.evaluate([limit], T0).allowed)
+            except BaseException as exc:
+                outcomes.append(exc)
+            told.append(len(outcomes))
+
+    def ask(n: int) -> None:
+        asked.set()
+        deadline = time.monotonic() + 30
+        while len(told) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(told) == n, "the call waits for a server that never answers"
+
+    caller = threading.Thread(target=calls, daemon=True)
+    caller.start()
+    try:
+        ask(1)  # connected, its functions installed
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            paused = [pid for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()")]
+        assert paused  # the engine's session
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            ask(2)
+        finally:
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+        ask(3)
+    finally:
+        asked.set()
+        caller.join(30)
+        engine.close()
+    assert outcomes[0] is True
+    assert isinstance(outcomes[1], EngineUnavailable), outcomes
+    assert outcomes[2] is True  # answered on a new connection
 
 
 def test_what_it_does_not_do_yet_is_refused_clearly(pg):
