@@ -103,10 +103,10 @@ def unsupported(limit: Limit) -> str | None:
     return None
 
 
-_bounded: type | None = None
+_bounded: Any = None
 
 
-def _bounded_connection() -> type:
+def _bounded_connection() -> Any:
     """psycopg's `Connection`, whose waits for the server end after its `call_timeout`
     (seconds; None: no end): a server that accepts a statement and never answers (its
     processes paused, a proxy holding the call) is given up as the Redis engine gives up
@@ -116,7 +116,7 @@ def _bounded_connection() -> type:
     if _bounded is None:
         import psycopg
 
-        class Bounded(psycopg.Connection):  # type: ignore[type-arg]
+        class Bounded(psycopg.Connection[Any]):
             call_timeout: float | None = None
 
             def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
