@@ -266,8 +266,16 @@ class Tally:
     def _flush_quietly(self, wait: float = 0.0) -> None:
         if wait:
             self._closing.wait(wait)  # close() cuts the wait short and flushes
-        with contextlib.suppress(Exception):  # put back for the next flush
+        try:
             self.flush()
+        except Exception:  # put back: tried again `every` later, traffic or not
+            if self._closing.is_set():
+                return
+            with self._lock:
+                again = not self._flushing and bool(self._counts or self._offenders)
+                self._flushing = self._flushing or again
+            if again:
+                self._executor().submit(self._flush_quietly, self.every)
 
     def _restore(self, counts: Counts, offenders: Counts) -> None:
         with self._lock:
