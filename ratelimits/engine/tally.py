@@ -266,16 +266,18 @@ class Tally:
     def _flush_quietly(self, wait: float = 0.0) -> None:
         if wait:
             self._closing.wait(wait)  # close() cuts the wait short and flushes
-        try:
+        with contextlib.suppress(Exception):  # what failed is put back, sent below
             self.flush()
-        except Exception:  # put back: tried again `every` later, traffic or not
-            if self._closing.is_set():
-                return
-            with self._lock:
-                again = not self._flushing and bool(self._counts or self._offenders)
-                self._flushing = self._flushing or again
-            if again:
-                self._executor().submit(self._flush_quietly, self.every)
+        if self._closing.is_set():
+            return
+        # counts tallied while this flush sent (no flush was scheduled for them: one was
+        # running), or put back by its failure: sent `every` later, whether or not a
+        # decision comes to carry them (the last of a burst has none after it)
+        with self._lock:
+            again = not self._flushing and bool(self._counts or self._offenders)
+            self._flushing = self._flushing or again
+        if again:
+            self._executor().submit(self._flush_quietly, self.every)
 
     def _restore(self, counts: Counts, offenders: Counts) -> None:
         with self._lock:

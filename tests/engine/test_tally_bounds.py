@@ -148,3 +148,27 @@ def test_a_failed_flush_is_tried_again_with_no_traffic_to_carry_it():
     assert not failures and sent == [len(POLICIES)]
     assert not tally.pending()
     tally.close()
+
+
+def test_counts_tallied_while_a_flush_sends_are_sent_with_no_traffic_after_them():
+    """The last refusals of a burst, counted while the background flush was sending the
+    ones before: no flush was scheduled for them (one was running), and no request came
+    after them to carry them. The flush sends them a moment later by itself."""
+    sent: list[int] = []
+    tally: Tally
+
+    def send(counts, offenders):
+        if not sent:  # meanwhile, another thread counts the last refusal of the burst
+            tally.add(refusal("ip:203.0.113.7"), to_us(T0))
+        sent.append(sum(n for fields in counts.values() for n in fields.values()))
+        counts.clear()
+        offenders.clear()
+
+    tally = Tally(send, every=0.05)
+    tally.add(refusal("ip:203.0.113.9"), to_us(T0))
+    deadline = time.monotonic() + 10
+    while sum(sent) < 2 * len(POLICIES) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent == [len(POLICIES), len(POLICIES)]
+    assert not tally.pending()
+    tally.close()
