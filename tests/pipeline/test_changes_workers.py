@@ -191,7 +191,8 @@ def test_a_reset_sends_every_worker_to_the_store_at_once(site, tmp_path, private
         print(f"\nreset: each worker asked the store "
               f"{sorted(round(s * 1000) for s in asked.values())} ms after it")
     assert set(asked) == workers, (asked, workers)
-    # generous for a loaded machine, yet a fraction of the second a worker could wait
-    # on its own (all three at once by chance: about one run in sixty)
-    assert max(asked.values()) < 0.25, asked
+    # the bound the docs promise ("within half a second"): measured a few ms, 264 ms on
+    # a loaded CI; a worker waiting on its own memory instead (up to a second, at a
+    # moment of its own) puts all three within it by chance about one run in eight
+    assert max(asked.values()) < 0.5, asked
     client.close()
