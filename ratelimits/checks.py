@@ -45,7 +45,13 @@ from django.db import DatabaseError
 from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
-from ratelimits.conf import UPSTREAM_CACHE, build_config, setting_or_default, user_settings
+from ratelimits.conf import (
+    STORE_SETTINGS,
+    UPSTREAM_CACHE,
+    build_config,
+    setting_or_default,
+    user_settings,
+)
 from ratelimits.matching.paths import PathPattern, normalize_path
 from ratelimits.pipeline.engines import cache_backend, is_redis_backend, postgres_conninfo
 from ratelimits.pipeline.metrics import available
@@ -100,9 +106,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="ratelimits.W003",
             )
         )
-    if config["REDIS_URL"] is not None or config["DATABASE"] is not None:
-        # the engine's own Redis, or PostgreSQL (`check_database`): CACHE is not used,
-        # and limits are shared
+    if any(config[name] is not None for name in STORE_SETTINGS):
+        # a store of the limiter's own (STORE, REDIS_URL, or DATABASE: `check_database`):
+        # CACHE is not used, and limits are shared
         return messages
     alias = config["CACHE"]
     backend = cache_backend(alias)
@@ -498,8 +504,9 @@ def check_upstream_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.
     own: Any = getattr(settings, "RATELIMITS", None) or {}
     if not isinstance(own, dict):
         return []  # ratelimits.E001
-    if own.get("REDIS_URL") is not None or own.get("CACHE", alias) != alias:
-        store = ("RATELIMITS['REDIS_URL']" if own.get("REDIS_URL") is not None
+    named = next((name for name in STORE_SETTINGS if own.get(name) is not None), None)
+    if named is not None or own.get("CACHE", alias) != alias:
+        store = (f"RATELIMITS[{named!r}]" if named is not None
                  else f"RATELIMITS['CACHE'] = {own['CACHE']!r}")
         return [checks.Warning(
             f"{UPSTREAM_CACHE} = {alias!r} is not read: {store} is where ratelimits counts.",

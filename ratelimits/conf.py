@@ -22,6 +22,7 @@ from django.dispatch import receiver
 
 from ratelimits.engine.deployments import parse_redis_url
 from ratelimits.engine.keynames import CLOCKS
+from ratelimits.engine.stores import StoreURL, store_url
 from ratelimits.matching.identity import is_header_name, parse_trusted_proxies
 from ratelimits.runtime import on_reset
 
@@ -143,6 +144,10 @@ def _database(value: Any) -> str | None:
     return value
 
 
+def _store(value: Any) -> StoreURL | None:
+    return None if value is None else store_url(value)
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"must be a positive integer, got {value!r}")
@@ -166,6 +171,9 @@ SETTINGS: dict[str, Setting] = {
     # PostgreSQL instead of Redis, for sites without Redis: a DATABASES alias (the engine
     # opens connections of its own from its settings) or a postgresql:// URL.
     "DATABASE": Setting(None, _database),
+    # Any store by the scheme of its URL (`engine.stores`): Redis's schemes, postgresql://,
+    # or one a registered store answers to.
+    "STORE": Setting(None, _store),
     # Prefix of every key the engine writes; the policy version lives at PREFIX + "version".
     "KEY_PREFIX": Setting("rl:", _string),
     "HEADERS": Setting("ietf", _header_style),
@@ -217,6 +225,9 @@ SETTINGS: dict[str, Setting] = {
     "METRICS": Setting(False, _boolean),
 }
 
+#: The settings that name the store the limits live in: at most one may be set.
+STORE_SETTINGS = ("STORE", "REDIS_URL", "DATABASE")
+
 _config: Mapping[str, Any] | None = None
 
 
@@ -239,10 +250,12 @@ def build_config(user: Any) -> Mapping[str, Any]:
             values[name] = setting.check(raw)
         except ValueError as exc:
             raise ImproperlyConfigured(f"RATELIMITS[{name!r}] {exc}") from None
-    if values["REDIS_URL"] is not None and values["DATABASE"] is not None:
+    named = [name for name in STORE_SETTINGS if values[name] is not None]
+    if len(named) > 1:
         raise ImproperlyConfigured(
-            "RATELIMITS sets both REDIS_URL and DATABASE: the limits live in one store; "
-            "keep REDIS_URL for Redis, or DATABASE for PostgreSQL.")
+            f"RATELIMITS sets {' and '.join(named)}: the limits live in one store; keep "
+            "one of them (STORE takes any store's URL, REDIS_URL a Redis one, DATABASE "
+            "a DATABASES alias or a postgresql:// URL).")
     return MappingProxyType(values)
 
 
@@ -259,7 +272,7 @@ def user_settings() -> Any:
     upstream = getattr(settings, UPSTREAM_CACHE, None)
     if upstream is None or not isinstance(user, Mapping | None):
         return user
-    if user is not None and ("CACHE" in user or "REDIS_URL" in user or "DATABASE" in user):
+    if user is not None and ("CACHE" in user or any(name in user for name in STORE_SETTINGS)):
         return user
     return {**(user or {}), "CACHE": upstream}
 

@@ -1,5 +1,6 @@
-"""Which engine decides: `REDIS_URL`'s Redis, else `DATABASE`'s PostgreSQL, else the
-configured cache's Redis, else in process.
+"""Which engine decides: the store the settings name (`STORE`, `REDIS_URL` or
+`DATABASE`, found by its URL's scheme in `engine.stores`), else the configured cache's
+Redis, else in process.
 
 Built lazily on first use and kept for the life of the process; dropped when `CACHES` or
 `RATELIMITS` change (tests, `override_settings`).
@@ -25,16 +26,12 @@ from ratelimits import runtime
 from ratelimits.conf import UPSTREAM_CACHE, get_config
 from ratelimits.engine.adaptive import AdaptiveEngine
 from ratelimits.engine.breaker import CircuitBreaker
-from ratelimits.engine.deployments import (
-    RedisURL,
-    engine_on_client,
-    engine_on_url,
-    limiter_client,
-)
-from ratelimits.engine.interfaces import AsyncEngine, Engine, Holder, StoreEngine
+from ratelimits.engine.deployments import RedisURL, engine_on_client, limiter_client
+from ratelimits.engine.interfaces import Engine, Holder
 from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.memory import MemoryEngine
-from ratelimits.engine.postgres import PostgresEngine
+from ratelimits.engine.redis_urls import redact_url
+from ratelimits.engine.stores import Options, PostgresStore, RedisStore, StoreURL
 from ratelimits.engine.types import Decision, Limit
 from ratelimits.pipeline.metrics import recorder_for
 
@@ -83,10 +80,6 @@ def _clock() -> float:
     return runtime.clock().monotonic()
 
 
-def _version_key(prefix: str) -> str:
-    return f"{prefix}version"
-
-
 def get_engine() -> Engine:
     """The shared engine: on `REDIS_URL`, else on a Redis-backed cache, else the local one."""
     global _engine
@@ -100,31 +93,24 @@ def get_engine() -> Engine:
 
 
 def _build_engine(config: Mapping[str, Any]) -> Engine:
-    """A store engine behind a `LocalFirst` (what a process decides alone), with its
-    asyncio twin (async requests await the store on their event loop), built for its
-    deployment mode (`engine.deployments`); or the local engine when the configured cache
-    is not Redis."""
-    timeouts = (config["SOCKET_TIMEOUT"], config["CONNECT_TIMEOUT"])
+    """The chosen store's engine (`chosen_store`) behind a `LocalFirst` (what a process
+    decides alone), with its asyncio twin (async requests await the store on their event
+    loop); or the local engine when no store is chosen and the configured cache is not
+    Redis."""
     global _breaker
     if _breaker is None:  # kept across failed builds, then handed to the engine
         _breaker = CircuitBreaker(config["BREAKER_FAILURES"], config["BREAKER_COOLDOWN"], _clock)
-    shared = {
-        "prefix": config["KEY_PREFIX"],
-        "version_key": _version_key(config["KEY_PREFIX"]),
-        "live_key": f"{config['KEY_PREFIX']}live",  # engine.heartbeat: the heartbeat's set
-        "breaker": _breaker,
-        "clock": config["CLOCK"],  # engine.keynames.CLOCKS: whose clock a script reads
-    }
-    url: RedisURL | None = config["REDIS_URL"]
-    if url is not None:
-        engine, twin = _engine_on_url(url, timeouts, shared)
-        return LocalFirst(engine, twin)
-    if config["DATABASE"] is not None:
-        store = PostgresEngine(postgres_conninfo(config["DATABASE"]),
-                               prefix=shared["prefix"], version_key=shared["version_key"],
-                               timeout=timeouts[0], connect_timeout=timeouts[1],
-                               breaker=_breaker, clock=shared["clock"])
-        return LocalFirst(store, leasing=False)  # no leases on PostgreSQL yet
+    options = Options(prefix=config["KEY_PREFIX"], timeout=config["SOCKET_TIMEOUT"],
+                      connect_timeout=config["CONNECT_TIMEOUT"], breaker=_breaker,
+                      clock=config["CLOCK"])
+    chosen = chosen_store(config)
+    if chosen is not None:
+        setting, url = chosen
+        try:
+            engine, twin = url.store.build(url, options)
+        except ImportError as exc:  # an optional part this install lacks
+            raise ImproperlyConfigured(f"RATELIMITS[{setting!r}]: {exc}") from None
+        return LocalFirst(engine, twin, leasing=url.store.leases)
     alias = config["CACHE"]
     if cache_backend(alias) is None:
         raise ImproperlyConfigured(
@@ -134,24 +120,26 @@ def _build_engine(config: Mapping[str, Any]) -> Engine:
     client = redis_client_for(alias)
     if client is None:
         return get_local_engine()
-    engine, twin = engine_on_client(limiter_client(client, *timeouts), shared)
+    engine, twin = engine_on_client(limiter_client(client, options.timeout,
+                                                   options.connect_timeout),
+                                    options.redis_kwargs())
     return LocalFirst(engine, twin)
 
 
-def _engine_on_url(url: RedisURL, timeouts: tuple[float, float],
-                   shared: Mapping[str, Any]) -> tuple[StoreEngine, AsyncEngine | None]:
-    """`engine_on_url`, with an engine this version lacks said as a configuration error."""
-    try:
-        return engine_on_url(url, timeouts, shared)
-    except ImportError as exc:
-        if exc.name != "ratelimits.engine.cluster":
-            raise
-        raise ImproperlyConfigured(
-            f"RATELIMITS['REDIS_URL'] = {url.shown!r} names a Redis Cluster, but cluster "
-            "support is not installed in this version of ratelimits "
-            "(ratelimits.engine.cluster is missing): upgrade ratelimits, or point "
-            "REDIS_URL at one server (redis://, rediss://, unix://)."
-        ) from None
+def chosen_store(config: Mapping[str, Any]) -> tuple[str, StoreURL] | None:
+    """The store the settings name, and the setting naming it: `STORE`, or its spellings
+    `REDIS_URL` (Redis) and `DATABASE` (PostgreSQL, a URL or a DATABASES alias); None
+    when the limits live on the `CACHE` alias (or in process)."""
+    if config["STORE"] is not None:
+        return "STORE", config["STORE"]
+    redis_url: RedisURL | None = config["REDIS_URL"]
+    if redis_url is not None:
+        return "REDIS_URL", StoreURL(RedisStore(), redis_url, redis_url.shown)
+    database: str | None = config["DATABASE"]
+    if database is not None:
+        return "DATABASE", StoreURL(PostgresStore(), postgres_conninfo(database),
+                                    redact_url(database))
+    return None
 
 
 #: DATABASES OPTIONS that Django's PostgreSQL backend reads itself (the others are
@@ -202,7 +190,7 @@ def get_local_engine() -> MemoryEngine:
         with _lock:
             if _local is None:
                 # beside a store, which counts what it decides (`count_in_store`)
-                _local = MemoryEngine(version_key=_version_key(get_config()["KEY_PREFIX"]),
+                _local = MemoryEngine(version_key=f'{get_config()["KEY_PREFIX"]}version',
                                       counted=not is_shared())
     return _local
 
@@ -287,8 +275,7 @@ def is_shared() -> bool:
     """Whether limits are shared between processes (REDIS_URL, DATABASE or a Redis-backed
     cache)."""
     config = get_config()
-    return (config["REDIS_URL"] is not None or config["DATABASE"] is not None
-            or is_redis_backend(cache_backend(config["CACHE"])))
+    return chosen_store(config) is not None or is_redis_backend(cache_backend(config["CACHE"]))
 
 
 @runtime.on_reset
