@@ -101,3 +101,30 @@ def test_fail_open_is_the_on_error_a_compat_policy_starts_with(fail_open, on_err
     said = {what: names for what, names in notice.groups}
     expected = "refusing every request" if on_error == "deny" else "admitting every request"
     assert [what for what in said if what.startswith(expected)] != []
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_during_an_outage_a_compat_policy_does_what_its_row_and_the_banner_say(
+        on_error, django_capture_on_commit_callbacks):
+    """The row's `on_error` decides, whatever `RATELIMIT_FAIL_OPEN` was when the row was
+    made: an operator who switched a compat policy to `allow` in the admin is obeyed,
+    as the banner says."""
+    @ratelimit(group="outage", key="ip", rate="1/m", block=False)
+    def view(request):
+        return request.limited
+
+    with override_settings(RATELIMIT_FAIL_OPEN=False):
+        view(rf.get("/"))
+        registry.write(force=True)
+        row = Policy.objects.get(name__startswith="dr:outage")
+        row.on_error = on_error  # the operator's, in the admin: published to every process
+        with django_capture_on_commit_callbacks(execute=True):
+            row.save()
+        view(rf.get("/"))  # the change met
+        with override_settings(CACHES={"default": NOWHERE}):
+            limited = [view(rf.get("/")) for _ in range(3)]
+    (said,) = [what for what, _ in store_notice("ConnectionError", [row]).groups]
+    if on_error == "allow":
+        assert limited == [False] * 3 and said.startswith("admitting every request")
+    else:
+        assert limited == [True] * 3 and said.startswith("refusing every request")

@@ -37,7 +37,7 @@ from ratelimits.engine.types import Outcome
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import SCOPE_PREFIX, registry
 from ratelimits.pipeline.state import RequestState, http_request, state_for
-from ratelimits.pipeline.verdict import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER, PolicyOutcome, Verdict
+from ratelimits.pipeline.verdict import UNAVAILABLE, PolicyOutcome, Verdict
 
 __all__ = ["get_usage", "is_ratelimited"]
 
@@ -370,18 +370,15 @@ def fail_open() -> bool:
 def settle(ask: Ask, state: RequestState, verdict: Verdict | None) -> Verdict | None:
     """The verdict as django-ratelimit would act on it, and the policy made ready to be
     decided again for this request (upstream counts every pass, a view called twice
-    with one request included). A limit the store could not decide (its `on_error` is
-    `allow`) refuses unless `RATELIMIT_FAIL_OPEN`, as upstream."""
+    with one request included). A limit the store could not decide follows its row's
+    `on_error`, which `RATELIMIT_FAIL_OPEN` set when the row was made (`_initial`) and
+    the operator may have changed since: the admin's banner says what it does."""
     if verdict is None:
         return None
-    scope, charged, undecided = ask.scope, state.charged, []
+    scope, charged = ask.scope, state.charged
     for outcome in verdict.outcomes:
         if outcome.policy.scope == scope:
             charged.discard(outcome.policy.id)
-            if outcome.result is None:
-                undecided.append(outcome)
-    if undecided and verdict.allowed and not fail_open():
-        return Verdict(UNAVAILABLE, tuple(undecided), own_retry_after=UNAVAILABLE_RETRY_AFTER)
     return verdict
 
 
@@ -400,8 +397,8 @@ def _usage(ask: Ask, verdict: Verdict | None) -> Usage | None:
     if own is None:
         return None
     result = own.result
-    if result is None:  # the store was out of reach
-        return None if fail_open() else _failed_usage()
+    if result is None:  # the store was out of reach, and on_error admitted
+        return None
     limit = result.limit.limit
     return {
         "count": limit - result.remaining,
@@ -462,7 +459,7 @@ def get_usage(
     verdict = evaluation.evaluate(request, scopes=ask.scopes, sender=CompatSender, state=state)
     verdict = settle(ask, state, verdict)
     if verdict is not None and verdict.status == UNAVAILABLE:
-        return _failed_usage()  # refused by settle(), or by the policy's on_error=deny
+        return _failed_usage()  # refused by the policy's on_error=deny
     return _usage(ask, verdict)
 
 
