@@ -13,6 +13,12 @@ $(CHROMIUM):
 	apt-get install -y --no-install-recommends chromium || \
 	  (apt-get update && apt-get install -y --no-install-recommends chromium)
 
+# The PostgreSQL engine is tested behind Debian's PgBouncer too (transaction pooling).
+PGBOUNCER ?= /usr/sbin/pgbouncer
+$(PGBOUNCER):
+	apt-get install -y --no-install-recommends pgbouncer || \
+	  (apt-get update && apt-get install -y --no-install-recommends pgbouncer)
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -44,15 +50,15 @@ install: $(STAMP)
 # to use.
 TEST_JOBS := $(if $(REDIS_URL),,-n auto --dist loadfile)
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(PGBOUNCER)
 	$(BIN)/python -m pytest $(TEST_JOBS)
 
 # The newest pair we support, in its own environment under .nox/ (noxfile.py): Python 3.13
 # (pyenv's, or python3.13 on PATH) with Django 6.1. `make test-matrix` runs every pair.
-test-newest: $(STAMP) $(CHROMIUM)
+test-newest: $(STAMP) $(CHROMIUM) $(PGBOUNCER)
 	$(BIN)/nox -s "tests(py3.13-django6.1)" -- $(TEST_JOBS)
 
-test-matrix: $(STAMP) $(CHROMIUM)
+test-matrix: $(STAMP) $(CHROMIUM) $(PGBOUNCER)
 	$(BIN)/nox -- $(TEST_JOBS)
 
 # The suite on Valkey: every server, cluster and sentinel it starts is valkey-server,
@@ -68,7 +74,7 @@ $(VALKEY):
 	apt-get update
 	apt-get install -y --no-install-recommends -t bookworm-backports valkey-server valkey-tools
 
-test-valkey: $(STAMP) $(VALKEY) $(CHROMIUM)
+test-valkey: $(STAMP) $(VALKEY) $(CHROMIUM) $(PGBOUNCER)
 	RATELIMITS_TEST_STORE=valkey $(BIN)/python -m pytest $(TEST_JOBS) \
 	  --ignore tests/servers --deselect tests/test_browser.py \
 	  --deselect tests/pipeline/test_adaptive_servers.py

@@ -193,7 +193,11 @@ class PostgresEngine(Acquiring):
         # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
         # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
         # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
+        # Never a statement prepared on the server (psycopg prepares one run five times),
+        # as Django's backend by default: behind PgBouncer in transaction mode the next
+        # call may meet another server connection, where it does not exist.
         conn = _bounded_connection().connect(self.conninfo, autocommit=True,
+                               prepare_threshold=None,
                                connect_timeout=max(2, math.ceil(self.connect_timeout)),
                                keepalives=1, keepalives_idle=1, keepalives_interval=1,
                                keepalives_count=3,

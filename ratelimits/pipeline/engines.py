@@ -142,10 +142,11 @@ def chosen_store(config: Mapping[str, Any]) -> tuple[str, StoreURL] | None:
     return None
 
 
-#: DATABASES OPTIONS that Django's PostgreSQL backend reads itself (the others are
-#: libpq's connection parameters, passed on).
+#: DATABASES OPTIONS that Django's PostgreSQL backend reads itself, or hands to psycopg
+#: (the others are libpq's connection parameters, passed on).
 _DJANGO_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool",
-                             "assume_role", "cursor_factory", "context"})
+                             "assume_role", "cursor_factory", "context",
+                             "prepare_threshold"})
 
 
 def postgres_conninfo(database: str) -> str:

@@ -275,7 +275,8 @@ def test_database_takes_an_alias_or_a_postgresql_url():
     assert build_config({"DATABASE": url})["DATABASE"] == url
     with pytest.raises(ImproperlyConfigured, match="a Redis URL goes in REDIS_URL"):
         build_config({"DATABASE": "redis://127.0.0.1:6379/0"})
-    with pytest.raises(ImproperlyConfigured, match="keep REDIS_URL for Redis, or DATABASE"):
+    with pytest.raises(ImproperlyConfigured, match="sets REDIS_URL and DATABASE: the limits "
+                                                   "live in one store"):
         build_config({"DATABASE": "default", "REDIS_URL": "redis://127.0.0.1:6379/0"})
 
 
@@ -283,7 +284,7 @@ def test_an_alias_gives_its_server_but_not_djangos_own_options():
     conninfo = conninfo_of({
         "ENGINE": "django.db.backends.postgresql", "NAME": "app", "USER": "o'brien",
         "PASSWORD": "", "HOST": "db.internal", "PORT": 6432,
-        "OPTIONS": {"sslmode": "require", "isolation_level": 1}})
+        "OPTIONS": {"sslmode": "require", "isolation_level": 1, "prepare_threshold": None}})
     assert psycopg.conninfo.conninfo_to_dict(conninfo) == {
         "dbname": "app", "user": "o'brien", "host": "db.internal", "port": "6432",
         "sslmode": "require"}

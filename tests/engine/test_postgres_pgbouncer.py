@@ -1,0 +1,153 @@
+"""The PostgreSQL engine behind PgBouncer in transaction mode, as many Django sites reach
+their database: each statement may run on another server connection, so nothing may
+rely on the session (a statement prepared on the server, a setting made for it).
+
+Debian's `pgbouncer` (`make test` installs it) runs in front of the machine's PostgreSQL
+with a pool smaller than the engine's threads, so that calls change server connections.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ratelimits.engine import Limit
+from ratelimits.engine.postgres import PostgresEngine
+from tests.engine.conftest import T0
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.slow
+
+PGBOUNCER = os.environ.get("PGBOUNCER", "/usr/sbin/pgbouncer")
+#: Server connections in the pool: fewer than the threads below, so they are shared.
+POOL = 3
+THREADS = 8
+
+
+def _config(directory: Path, port: int, server: str) -> Path:
+    info = psycopg.conninfo.conninfo_to_dict(server)
+    ini = directory / "pgbouncer.ini"
+    ini.write_text(f"""\
+[databases]
+* = host={info.get("host", "127.0.0.1")} port={info.get("port", 5432)}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {directory / "users.txt"}
+pool_mode = transaction
+default_pool_size = {POOL}
+max_client_conn = 200
+logfile = {directory / "pgbouncer.log"}
+""")
+    (directory / "users.txt").write_text(f'"{info.get("user", "postgres")}" ""\n')
+    return ini
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(postgres_server: str) -> Iterator[str]:
+    """A pgbouncer of this module's own in transaction mode in front of the run's
+    database; the URL that reaches the database through it. Fails (never skips) when
+    pgbouncer is not installed."""
+    if not Path(PGBOUNCER).exists():
+        pytest.fail(f"{PGBOUNCER} is missing: apt-get install pgbouncer (make test does), "
+                    "or set PGBOUNCER to its path")
+    directory = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
+    directory.chmod(0o777)  # pgbouncer refuses to run as root: it runs as `postgres`
+    port = free_port()
+    ini = _config(directory, port, postgres_server)
+    for path in directory.iterdir():
+        path.chmod(0o666)
+    user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    errors = (directory / "stderr").open("w")
+    proc = subprocess.Popen([PGBOUNCER, *user, str(ini)], stdout=subprocess.DEVNULL,
+                            stderr=errors)
+    url = f"postgresql://{postgres_server.split('://', 1)[1].split('@', 1)[0]}@127.0.0.1:" \
+          f"{port}/{postgres_server.rsplit('/', 1)[1]}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            psycopg.connect(url, connect_timeout=2).close()
+            break
+        except psycopg.OperationalError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                said = "".join(path.read_text()[-2000:] for path in
+                               (directory / "stderr", directory / "pgbouncer.log")
+                               if path.exists())
+                raise RuntimeError(f"pgbouncer did not start: {said}") from None
+            time.sleep(0.1)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        errors.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_calls_from_many_threads_never_meet_a_missing_statement(pgbouncer, postgres_url):
+    """Thousands of calls over a pool of three server connections: every one decided,
+    none refused for a statement that another server connection prepared (psycopg
+    prepares a statement it ran five times, unless told not to)."""
+    engine = PostgresEngine(pgbouncer, timeout=10)
+    failures: Counter[str] = Counter()
+    admitted: list[int] = []
+
+    def calls(thread: int) -> None:
+        mine = 0
+        for n in range(150):
+            try:
+                mine += engine.evaluate([Limit(f"t{thread}", "sliding_window", 100, 3600,
+                                               name="pooled")], now=T0 + n / 1000).allowed
+            except Exception as exc:  # counted: the assertion says what went wrong
+                failures[f"{type(exc).__name__}: {exc}"[:160]] += 1
+        admitted.append(mine)
+
+    threads = [threading.Thread(target=calls, args=(t,)) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    engine.close()
+    assert not failures, failures.most_common(3)
+    assert admitted == [100] * THREADS  # each thread's client: exactly its limit
+
+
+def _hammer(url: str, start, reports) -> None:
+    engine = PostgresEngine(url, timeout=30)
+    limit = Limit("one-key", "fixed_window", 100, 86_400, name="pooled-race")
+    start.wait()
+    reports.append(sum(engine.evaluate([limit], now=T0).allowed for _ in range(100)))
+    engine.close()
+
+
+def test_racing_processes_through_the_pool_admit_exactly_the_limit(pgbouncer, postgres_url):
+    made = PostgresEngine(postgres_url, version_key="v")  # the tables, before the race
+    made.read_version()
+    made.close()
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    with ctx.Manager() as manager:
+        reports = manager.list()
+        procs = [ctx.Process(target=_hammer, args=(pgbouncer, start, reports))
+                 for _ in range(3)]
+        for proc in procs:
+            proc.start()
+        start.set()
+        for proc in procs:
+            proc.join(120)
+            assert proc.exitcode == 0
+        assert sum(reports) == 100
