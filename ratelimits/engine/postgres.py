@@ -140,9 +140,11 @@ class PostgresEngine(Acquiring):
     connection string). Thread-safe: each thread of each process talks through its own
     autocommit connection (async code: in a worker thread, `Acquiring`'s).
 
-    `timeout` (seconds) bounds each statement on the server, `connect_timeout` each new
-    connection; a server out of reach, or one too slow, raises `EngineUnavailable`, as
-    the Redis engine does, and `breaker` makes calls fail fast after a few of them.
+    `timeout` (seconds) bounds a call's wait for a client's lock on the server, and twice
+    it the wait for any answer here; `connect_timeout` bounds each new connection; a
+    server out of reach, a lock held too long or a server too slow raise
+    `EngineUnavailable`, as the Redis engine does, and `breaker` makes calls fail fast
+    after a few of them.
     """
 
     def __init__(self, conninfo: str, *, prefix: str = "rl:",
@@ -159,6 +161,8 @@ class PostgresEngine(Acquiring):
         self.prefix = prefix
         self.version_key = version_key
         self.timeout = timeout
+        #: The longest a call waits for a client's lock, in whole milliseconds.
+        self._lock_ms = max(1, round(timeout * 1000))
         self.connect_timeout = connect_timeout
         self.breaker = breaker
         #: Whose clock decides a call given no time (`keynames.CLOCKS`): the server's
@@ -202,15 +206,10 @@ class PostgresEngine(Acquiring):
                                keepalives=1, keepalives_idle=1, keepalives_interval=1,
                                keepalives_count=3,
                                tcp_user_timeout=max(1000, round(self.timeout * 2000)))
-        # set in the session, not as startup options: the site's own `options` (a
-        # search_path) stay as given, and PgBouncer refuses unknown startup options.
-        # Read committed whatever the database's default: each statement of the
-        # function then reads what the previous holder of a client's lock committed
-        # (a snapshot taken before the lock was granted would miss it).
-        conn.execute("SELECT set_config('statement_timeout', %s, false), "
-                     "set_config('default_transaction_isolation', 'read committed', false)",
-                     (f"{max(1, round(self.timeout * 1000))}ms",))
-        # past the server's own statement_timeout (whose error says more), by as much
+        # Nothing is set in the session: behind PgBouncer in transaction mode, a setting
+        # would stay on a server connection the site's own queries use next. Each call
+        # bounds its own waits for locks (`SOCKET_TIMEOUT`, in its transaction), and a
+        # call given no answer within twice that is given up here.
         conn.call_timeout = 2 * self.timeout
         local.conn, local.pid = conn, os.getpid()
         with self._lock:
@@ -329,9 +328,9 @@ class PostgresEngine(Acquiring):
         now_us = None if now is None else float(to_us(now))
         row = self._call(
             "SELECT * FROM ratelimits_decide_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-            "%s, %s, %s::float8[], %s::float8[], %s, %s)",
+            "%s, %s, %s::float8[], %s::float8[], %s, %s, %s)",
             (now_us, keys, algos, ls, ps, bs, cs, mws, ws, shadows, lockouts, stages,
-             wins, ends, token, self.version_key),
+             wins, ends, token, self.version_key, self._lock_ms),
         )
         self._chores(now_us)
         decided_us, admitted, version, remaining, reset_after, wait, outcome = row
@@ -379,10 +378,10 @@ class PostgresEngine(Acquiring):
         if not held:
             return
         self._call(
-            "SELECT ratelimits_slots_v1(%s, %s, %s, %s, %s)",
+            "SELECT ratelimits_slots_v1(%s, %s, %s, %s, %s, %s)",
             (now_us, [client_key(self.prefix, limit) for limit, _ in held],
              ["\n".join(members) for _, members in held],
-             [float(period_us(limit)) for limit, _ in held], renew),
+             [float(period_us(limit)) for limit, _ in held], renew, self._lock_ms),
         )
 
     # -- the policy version ----------------------------------------------------------

@@ -20,7 +20,7 @@ from ratelimits.engine import Limit
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.local_first import LocalFirst
-from ratelimits.engine.postgres import PostgresEngine
+from ratelimits.engine.postgres import LOCK_SPACE, PostgresEngine
 from ratelimits.pipeline.engines import conninfo_of, get_engine, is_shared, postgres_conninfo
 from tests.engine.conftest import T0
 
@@ -131,14 +131,17 @@ def test_a_forked_child_opens_its_own_connection(pg):
 
 def test_the_sites_own_options_are_kept(postgres_url):
     """A `search_path` given in the connection's options is where the engine installs
-    its tables (the statement timeout is set apart, in the session)."""
+    its tables, and the engine sets nothing in the session itself."""
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         admin.execute("DROP SCHEMA IF EXISTS limits CASCADE")
         admin.execute("CREATE SCHEMA limits")
+        defaults = admin.execute("SELECT current_setting('statement_timeout'), "
+                                 "current_setting('lock_timeout')").fetchone()
     engine = PostgresEngine(postgres_url + "?options=-csearch_path%3Dlimits", timeout=1.5)
     try:
         assert engine.evaluate([Limit("c", "gcra", 1, 10)], now=T0).allowed
-        assert engine.client.execute("SHOW statement_timeout").fetchone()[0] == "1500ms"
+        assert engine.client.execute("SELECT current_setting('statement_timeout'), "
+                                     "current_setting('lock_timeout')").fetchone() == defaults
         with psycopg.connect(postgres_url) as conn:
             assert conn.execute(
                 "SELECT to_regclass('limits.ratelimits_state_v1') IS NOT NULL").fetchone()[0]
@@ -148,15 +151,46 @@ def test_the_sites_own_options_are_kept(postgres_url):
             admin.execute("DROP SCHEMA limits CASCADE")
 
 
-def test_decisions_read_committed_whatever_the_databases_default(postgres_url):
+def test_a_call_waits_for_a_clients_lock_at_most_the_timeout(postgres_url):
+    """Another call holding a client's lock (here a transaction of the test's own) keeps
+    a decision of that client waiting `SOCKET_TIMEOUT` at most: then the store counts as
+    unavailable and `on_error` decides, and other clients are decided meanwhile."""
+    from ratelimits.engine.keynames import client_key
+
+    limit = Limit("held", "fixed_window", 5, 60)
+    engine = PostgresEngine(postgres_url, timeout=0.3)
+    assert engine.evaluate([limit], now=T0).allowed  # the tables
+    with psycopg.connect(postgres_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                       (LOCK_SPACE, client_key("rl:", limit)))
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailable, match="lock timeout"):
+            engine.evaluate([limit], now=T0)
+        waited = time.monotonic() - started
+        assert engine.evaluate([Limit("free", "fixed_window", 5, 60)], now=T0).allowed
+    assert engine.evaluate([limit], now=T0).allowed  # released with the holder's transaction
+    engine.close()
+    assert 0.25 <= waited < 0.6, waited  # the lock's 0.3 s, not twice it, not forever
+
+
+def test_decisions_need_read_committed_and_say_so(postgres_url):
     """Under repeatable read, the function's snapshot would be taken before a client's
-    lock was granted, and miss what the previous holder committed."""
-    engine = PostgresEngine(
-        postgres_url + "?options=-cdefault_transaction_isolation%3Drepeatable%5C%20read")
+    lock was granted, and miss what the previous holder committed: a database whose
+    default is not read committed is refused with what to write (setting it in the
+    engine's session would leak to the site's queries through a pool), and the option
+    it names works."""
+    rr = "?options=-cdefault_transaction_isolation%3Drepeatable%5C%20read"
+    engine = PostgresEngine(postgres_url + rr)
     try:
-        engine.evaluate([Limit("c", "fixed_window", 1, 10)], now=T0)
-        assert engine.client.execute("SHOW transaction_isolation").fetchone()[0] == (
-            "read committed")
+        with pytest.raises(EngineError, match="need read committed transactions, and this "
+                                              "session's default is repeatable read"):
+            engine.evaluate([Limit("c", "fixed_window", 1, 10)], now=T0)
+    finally:
+        engine.close()
+    told = rr + "%20-cdefault_transaction_isolation%3Dread%5C%20committed"
+    engine = PostgresEngine(postgres_url + told)
+    try:
+        assert engine.evaluate([Limit("c", "fixed_window", 1, 10)], now=T0).allowed
     finally:
         engine.close()
 

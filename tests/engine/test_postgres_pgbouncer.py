@@ -151,3 +151,29 @@ def test_racing_processes_through_the_pool_admit_exactly_the_limit(pgbouncer, po
             proc.join(120)
             assert proc.exitcode == 0
         assert sum(reports) == 100
+
+
+def test_the_sites_own_queries_keep_their_settings(pgbouncer, postgres_url):
+    """The limiter sets nothing on a session: a server connection it used goes back to
+    the pool as it came, so the site's queries through the same pool are not cut at the
+    limiter's timeout nor moved to another isolation level."""
+    with psycopg.connect(postgres_url) as direct:
+        defaults = direct.execute("SELECT current_setting('statement_timeout'), "
+                                  "current_setting('default_transaction_isolation'), "
+                                  "current_setting('lock_timeout')").fetchone()
+    engine = PostgresEngine(pgbouncer, timeout=0.25)
+    threads = [threading.Thread(target=lambda t=t: [
+        engine.evaluate([Limit(f"s{t}", "fixed_window", 10, 60, name="settings")], now=T0)
+        for _ in range(20)]) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    engine.close()
+    seen = set()
+    with psycopg.connect(pgbouncer, autocommit=True, prepare_threshold=None) as site:
+        for _ in range(30):  # statements land on every server connection of the pool
+            seen.add(site.execute("SELECT current_setting('statement_timeout'), "
+                                  "current_setting('default_transaction_isolation'), "
+                                  "current_setting('lock_timeout')").fetchone())
+    assert seen == {defaults}

@@ -68,6 +68,27 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT now + greatest(1, ceil(ttl / 1000)) * 1000 $
 CREATE OR REPLACE FUNCTION ratelimits_floor0_v1(x float8) RETURNS float8
 LANGUAGE sql IMMUTABLE AS $$ SELECT greatest(0, floor(x + __FLOOR_EPS__)) $$;
 
+-- The longest a call waits for a lock (a client's, a row's), `p_ms` milliseconds: for
+-- the rest of the call's transaction only, so a server connection goes back to a pool
+-- (PgBouncer's) with nothing changed for the next client; nothing when `p_ms` is 0.
+-- Also refuses a transaction that is not read committed: each statement of a decision
+-- must read what the previous holder of a client's lock committed.
+CREATE OR REPLACE FUNCTION ratelimits_wait_at_most_v1(p_ms int) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state', MESSAGE =
+            'the limiter''s calls need read committed transactions, and this session''s '
+            || 'default is ' || current_setting('transaction_isolation') || ': give the '
+            || 'limiter''s role default_transaction_isolation = ''read committed'', or its '
+            || 'URL options=-cdefault_transaction_isolation=read%20committed';
+    END IF;
+    IF p_ms > 0 THEN
+        PERFORM set_config('lock_timeout', p_ms || 'ms', true);
+    END IF;
+END
+$$;
+
 -- Take back what a reservation made at `now` charged (charging.unreserve, the twin of
 -- lua/check_all.lua's): from the window it counted in, from the log, from a bucket not
 -- refilled since, from a GCRA arrival time; each row keeps its expiry.
@@ -123,7 +144,7 @@ CREATE OR REPLACE FUNCTION ratelimits_decide_v1(
     p_now float8, p_keys text[], p_algos text[], p_l float8[], p_p float8[], p_b float8[],
     p_c float8[], p_mw float8[], p_w float8[], p_shadow boolean[], p_lockout float8[],
     p_stage int[], p_cal_win float8[], p_cal_end float8[], p_token text,
-    p_version_key text,
+    p_version_key text, p_lock_ms int,
     OUT now_us float8, OUT admitted boolean, OUT version bigint, OUT remaining float8[],
     OUT reset_after float8[], OUT wait float8[], OUT outcome text[])
 LANGUAGE plpgsql AS $$
@@ -162,6 +183,7 @@ DECLARE
 BEGIN
     now := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
     now_us := now;
+    PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
     FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(p_keys) x ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, h);
     END LOOP;
@@ -433,7 +455,8 @@ $$;
 -- Free the named slots of concurrency limits (each key's members, as one text array
 -- per key, joined with a newline) or keep them another `period` from now (`p_renew`).
 CREATE OR REPLACE FUNCTION ratelimits_slots_v1(
-    p_now float8, p_keys text[], p_members text[], p_periods float8[], p_renew boolean)
+    p_now float8, p_keys text[], p_members text[], p_periods float8[], p_renew boolean,
+    p_lock_ms int)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     now float8 := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
@@ -443,6 +466,7 @@ DECLARE
     held text[];
     names text[];
 BEGIN
+    PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
     FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(p_keys) x ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, h);
     END LOOP;
