@@ -22,12 +22,12 @@ from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.postgres import LOCK_SPACE, PostgresEngine
 from ratelimits.pipeline.engines import conninfo_of, get_engine, is_shared, postgres_conninfo
-from tests.engine.conftest import T0
+from tests.engine.conftest import LOADED, T0
 
 
 @pytest.fixture
 def pg(postgres_url):
-    engine = PostgresEngine(postgres_url, version_key="rl:version")
+    engine = PostgresEngine(postgres_url, version_key="rl:version", timeout=LOADED)
     yield engine
     engine.close()
 
