@@ -40,9 +40,10 @@ _FIGURES = ("admitted", "rejected", "would reject", "refused")
 #: What the in-process engine prints instead of the figures, in one line.
 IN_PROCESS = (
     "No figures: with the in-process engine the counts live inside the server processes, "
-    "which a command cannot see (the admin's pages, served by them, show them). Use Redis "
-    "(RATELIMITS['CACHE'] on a django-redis cache, or RATELIMITS['REDIS_URL']) for figures "
-    "here."
+    "which a command cannot see (the admin's pages, served by them, show them). Use a "
+    "shared store for figures here: Redis (RATELIMITS['CACHE'] on a django-redis cache, or "
+    "RATELIMITS['REDIS_URL']) or PostgreSQL (RATELIMITS['DATABASE']), or any by its URL "
+    "(RATELIMITS['STORE'])."
 )
 
 
