@@ -59,7 +59,7 @@ from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.types import Decision, Limit
-from ratelimits.engine.watch import ChangeWatch
+from ratelimits.engine.watch import POLICIES, RESET, ListenWatch, channel, notice
 
 __all__ = ["PostgresEngine", "install_sql", "unsupported"]
 
@@ -194,6 +194,17 @@ class PostgresEngine(Acquiring):
         if conn is not None and local.pid == os.getpid() and not conn.closed:
             return conn
         local.conn = None
+        conn = self._session()
+        local.conn, local.pid = conn, os.getpid()
+        with self._lock:
+            self._forked()
+            self._opened.append(conn)
+        if not self._installed:
+            self._install(conn)
+        return conn
+
+    def _session(self) -> Any:
+        """A new autocommit connection, bounded as the engine's calls are."""
         # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
         # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
         # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
@@ -211,12 +222,6 @@ class PostgresEngine(Acquiring):
         # bounds its own waits for locks (`SOCKET_TIMEOUT`, in its transaction), and a
         # call given no answer within twice that is given up here.
         conn.call_timeout = 2 * self.timeout
-        local.conn, local.pid = conn, os.getpid()
-        with self._lock:
-            self._forked()
-            self._opened.append(conn)
-        if not self._installed:
-            self._install(conn)
         return conn
 
     def _install(self, conn: Any) -> None:
@@ -414,17 +419,26 @@ class PostgresEngine(Acquiring):
         """Tell every reader that the policies changed; the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
+        # the NOTIFY is in the write's transaction: it leaves at the commit, never alone
         row = self._call(
-            "INSERT INTO ratelimits_version_v1 AS t (k, v) VALUES (%s, 1) "
-            "ON CONFLICT (k) DO UPDATE SET v = t.v + 1 RETURNING v", (self.version_key,))
+            "WITH b AS (INSERT INTO ratelimits_version_v1 AS t (k, v) VALUES (%s, 1) "
+            "ON CONFLICT (k) DO UPDATE SET v = t.v + 1 RETURNING v) "
+            "SELECT v, pg_notify(%s, %s) FROM b",
+            (self.version_key, channel(self.version_key), notice(POLICIES)))
         return int(row[0])
 
     # -- state ----------------------------------------------------------------------
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit: its key and every key under it
-        (its windows, its warm-up)."""
-        self._call("SELECT ratelimits_reset_v1(%s)", (client_key(self.prefix, limit),))
+        (its windows, its warm-up); every process's watch hears it at the commit (a
+        named limit, with a version key)."""
+        key = client_key(self.prefix, limit)
+        if not (limit.name and self.version_key):
+            self._call("SELECT ratelimits_reset_v1(%s)", (key,))
+            return
+        self._call("SELECT ratelimits_reset_v1(%s), pg_notify(%s, %s)",
+                   (key, channel(self.version_key), notice(RESET, limit.name)))
 
     # -- counters and offenders (tallied in process, see `tally`) -----------------------
 
@@ -543,13 +557,20 @@ class PostgresEngine(Acquiring):
             raise EngineError("leases are not supported by the PostgreSQL engine yet")
         return 0
 
-    def watch(self) -> ChangeWatch | None:
-        """None: no change push on PostgreSQL yet; processes read the version."""
-        return None
+    def watch(self) -> ListenWatch | None:
+        """A session of its own that LISTENs on the engine's channel, hearing the policy
+        version bumped and an operator's reset (not opened yet); None without a version
+        key."""
+        if not self.version_key:
+            return None
+        return ListenWatch(self._session, channel(self.version_key))
 
     def announce_reset(self, name: str) -> None:
-        """Nothing to announce: with no watch, no process remembers across a reset
-        longer than its deny cache's hold."""
+        """Tell every process's watch that clients of policy `name` were reset, so that
+        none answers them from what it remembers."""
+        if self.version_key:
+            self._call("SELECT pg_notify(%s, %s)",
+                       (channel(self.version_key), notice(RESET, name)))
 
     @property
     def client(self) -> Any:

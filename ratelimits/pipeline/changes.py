@@ -39,8 +39,9 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimits import runtime
+from ratelimits.engine.interfaces import Watch
 from ratelimits.engine.local_first import LocalFirst
-from ratelimits.engine.watch import FLUSHED, POLICIES, RESET, Change, ChangeWatch
+from ratelimits.engine.watch import FLUSHED, POLICIES, RESET, Change
 from ratelimits.pipeline.engines import get_engine
 
 logger = logging.getLogger("ratelimits")
@@ -87,7 +88,7 @@ class Listener:
         self.engine: Any = None
         self.stopping = threading.Event()
         #: The watch while it is connected.
-        self.watch: ChangeWatch | None = None
+        self.watch: Watch | None = None
         #: A message was read and is being acted on.
         self.reading = False
         #: What a change of the policies does (the resolver's `heard`): given the
@@ -182,7 +183,7 @@ class Listener:
                 watch.close()
 
     def _open(self, engine: LocalFirst, stopping: threading.Event,
-              lost: bool) -> ChangeWatch | Literal[False] | None:
+              lost: bool) -> Watch | Literal[False] | None:
         """The watch, connected and installed; False when it could not connect (to try
         again); None when there is nothing to hear, or this thread was stopped."""
         watch = None
@@ -212,7 +213,7 @@ class Listener:
             self.watch = watch
         return watch
 
-    def _listen(self, engine: LocalFirst, watch: ChangeWatch,
+    def _listen(self, engine: LocalFirst, watch: Watch,
                 stopping: threading.Event) -> None:
         asked = False
         while not stopping.is_set():

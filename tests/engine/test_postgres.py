@@ -290,7 +290,6 @@ def test_what_it_does_not_do_yet_is_refused_clearly(pg):
         pg.evaluate([Limit("c", "adaptive", 10, 5)])
     with pytest.raises(EngineError, match=r"leases .* not supported by the PostgreSQL"):
         pg.lease([Limit("c", "fixed_window", 10, 60, batch=5)])
-    assert pg.watch() is None
 
 
 def test_a_batch_is_left_unused_and_every_request_decided_exactly(pg):
