@@ -77,6 +77,17 @@ def watch_connection(pool: Any) -> Any:
     return polled(pool.connection_class)(**{**pool.connection_kwargs, "protocol": 2})
 
 
+def _readable(sock: Any) -> bool:
+    """Whether `sock` (a socket, a file descriptor; None: closed) has something to read
+    now."""
+    if sock is None:
+        return False
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed by another thread meanwhile
+        return False
+
+
 class ChangeWatch:
     """One connection (a redis-py connection whose socket is public, `transport.Polled`)
     that hears writes to the version key and the reset keys, and flushes.
@@ -113,13 +124,7 @@ class ChangeWatch:
 
     def pending(self) -> bool:
         """Whether something came that was not read yet (an answer at once)."""
-        sock = self.connection.socket
-        if sock is None:
-            return False
-        try:
-            return bool(select.select([sock], [], [], 0)[0])
-        except (OSError, ValueError):  # closed by another thread meanwhile
-            return False
+        return _readable(self.connection.socket)
 
     def read(self) -> list[Change]:
         """The changes that came: one message at least (the caller waited for it), then
@@ -233,15 +238,7 @@ class ListenWatch:
 
     def pending(self) -> bool:
         """Whether something came that was not read yet (an answer at once)."""
-        if self._early:
-            return True
-        fd = self._fd
-        if fd < 0:
-            return False
-        try:
-            return bool(select.select([fd], [], [], 0)[0])
-        except (OSError, ValueError):  # closed by another thread meanwhile
-            return False
+        return bool(self._early) or _readable(self._fd if self._fd >= 0 else None)
 
     def read(self) -> list[Change]:
         """The changes that came; the answer to a ping is read and says none. Raises

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,18 +22,6 @@ LIMIT = 100
 REQUESTS = 300
 #: A day: over a race of seconds, a bucket refills a hundredth of a unit.
 PERIOD = 86_400
-
-
-@pytest.fixture
-def site_database(postgres_server: str):
-    """A database of the test's own on the run's PostgreSQL, dropped afterwards (with
-    the workers' connections)."""
-    name = f"ratelimits_site_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield postgres_server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

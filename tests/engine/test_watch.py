@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -37,6 +38,18 @@ def _heard(watch: Watch) -> list[Change]:
     return watch.read()
 
 
+@contextlib.contextmanager
+def _opened(engine: RedisEngine | ClusterEngine | PostgresEngine) -> Iterator[Watch]:
+    """The engine's watch, open until the block ends."""
+    watch = engine.watch()
+    assert watch is not None
+    watch.open()
+    try:
+        yield watch
+    finally:
+        watch.close()
+
+
 @pytest.fixture
 def store(redis_client):
     engine = RedisEngine(redis_client, version_key="rl:version")
@@ -46,11 +59,8 @@ def store(redis_client):
 
 @pytest.fixture
 def watch(store):
-    watch = store.watch()
-    assert watch is not None
-    watch.open()
-    yield watch
-    watch.close()
+    with _opened(store) as watch:
+        yield watch
 
 
 def test_a_watch_hears_the_version_a_reset_and_a_flush_and_nothing_else(
@@ -75,11 +85,8 @@ def test_a_watch_hears_the_version_a_reset_and_a_flush_and_nothing_else(
 def either_watch(request):
     """An open watch on Redis, then on PostgreSQL."""
     engine = request.getfixturevalue("store" if request.param == "redis" else "pg")
-    watch = engine.watch()
-    assert watch is not None
-    watch.open()
-    yield watch
-    watch.close()
+    with _opened(engine) as watch:
+        yield watch
 
 
 def test_a_ping_is_answered_and_read_as_no_change(either_watch):
@@ -111,16 +118,13 @@ def test_a_close_from_another_thread_ends_a_wait(either_watch):
 def test_on_a_cluster_the_watch_is_on_the_version_keys_node(cluster):
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
     engine = ClusterEngine(client, version_key="rl:version")
-    watch = engine.watch()
-    assert watch is not None
-    watch.open()
     try:
-        engine.bump_version()
-        assert _heard(watch) == [Change(POLICIES)]
-        engine.announce_reset("login")  # its key is in the version key's slot
-        assert _heard(watch) == [Change(RESET, "login")]
+        with _opened(engine) as watch:
+            engine.bump_version()
+            assert _heard(watch) == [Change(POLICIES)]
+            engine.announce_reset("login")  # its key is in the version key's slot
+            assert _heard(watch) == [Change(RESET, "login")]
     finally:
-        watch.close()
         engine.close()
         client.close()
 
@@ -137,12 +141,9 @@ def pg(postgres_url):
 
 def test_on_postgresql_a_watch_hears_the_version_and_resets_and_nothing_else(
         pg, postgres_url):
-    watch = pg.watch()
-    assert watch is not None
-    watch.open()
     other = PostgresEngine(postgres_url, version_key="rl:version")  # another process
     elsewhere = PostgresEngine(postgres_url, prefix="b:", version_key="b:version")
-    try:
+    with _opened(pg) as watch:
         assert not watch.wait(0.2)
         assert other.bump_version() == 1  # another process saved a policy
         assert _heard(watch) == [Change(POLICIES)]
@@ -159,10 +160,8 @@ def test_on_postgresql_a_watch_hears_the_version_and_resets_and_nothing_else(
         elsewhere.reset(LOGIN, now=T0)
         assert not watch.wait(0.3)
         assert not watch.pending()
-    finally:
-        watch.close()
-        other.close()
-        elsewhere.close()
+    other.close()
+    elsewhere.close()
 
 
 def test_on_postgresql_a_long_prefix_gets_a_channel_of_its_own_that_fits(postgres_url):
@@ -170,43 +169,28 @@ def test_on_postgresql_a_long_prefix_gets_a_channel_of_its_own_that_fits(postgre
     assert len(channel(long).encode()) <= LONGEST_CHANNEL
     assert channel(long) != channel(longer)
     engine = PostgresEngine(postgres_url, prefix="x" * 80 + ":", version_key=long)
-    watch = engine.watch()
-    assert watch is not None
-    watch.open()
-    try:
+    with _opened(engine) as watch:
         engine.bump_version()
         assert _heard(watch) == [Change(POLICIES)]
-    finally:
-        watch.close()
-        engine.close()
+    engine.close()
 
 
 def test_on_postgresql_a_session_ended_by_the_server_is_said(pg, postgres_url):
     """A restarted server, or an administrator's pg_terminate_backend, ends the watch's
     session: its next reads raise ConnectionError (the listener then connects again and
     acts as if the policies changed), and a new watch hears again."""
-    watch = pg.watch()
-    assert watch is not None
-    watch.open()
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        pid = admin.execute("SELECT pid FROM pg_stat_activity WHERE query ILIKE 'LISTEN %%' "
-                            "AND datname = current_database()").fetchone()[0]
-        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
-    try:
+    with _opened(pg) as watch:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            pid = admin.execute("SELECT pid FROM pg_stat_activity WHERE query ILIKE "
+                                "'LISTEN %%' AND datname = current_database()").fetchone()[0]
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
         with pytest.raises(ConnectionError, match="session ended"):
             for _ in range(5):  # libpq reads the server's goodbye, then the end
                 assert watch.wait(WITHIN)
                 assert watch.read() == []
-    finally:
-        watch.close()
-    again = pg.watch()
-    assert again is not None
-    again.open()
-    try:
+    with _opened(pg) as again:
         pg.bump_version()
         assert _heard(again) == [Change(POLICIES)]
-    finally:
-        again.close()
 
 
 # -- the deny cache: versions and time ---------------------------------------------------
