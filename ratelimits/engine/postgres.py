@@ -11,10 +11,17 @@ talks through connections of its own in autocommit, one per thread, opened again
 forked child: a charge is never part of a view's transaction, so the view's rollback
 cannot undo it and a long view cannot hold a client's lock.
 
-Not yet here (the pipeline is told so rather than left to guess): leases (`batch`) and
-the change-push watch (each process reads the policy version instead, and its heartbeat
-rides on that read every `BEAT_EVERY` seconds). The counters and offenders are tallied
-in process and sent in the background, as the Redis engine does (`tally`). A call with
+Changes reach every process as on Redis, within the same half second: the statement
+that bumps the policy version, or resets a client, also sends a `NOTIFY` on the
+engine's channel (`watch.channel`, one per key prefix) in its transaction, so the message
+leaves at the commit and never without it; `watch()` is a session of its own that
+`LISTEN`s on it (`watch.ListenWatch`). That session must stay one server session: a
+transaction-pooling PgBouncer cannot carry it (point the limiter at the server, or at a
+session pool). The heartbeat rides on the version read every `BEAT_EVERY` seconds.
+
+Not yet here (the pipeline is told so rather than left to guess): leases (`batch`). The
+counters and offenders are tallied in process and sent in the background, as the Redis
+engine does (`tally`). A call with
 a calendar window is decided on this process's clock, which names the window (the
 server's could name it only inside the call).
 """
