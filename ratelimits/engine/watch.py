@@ -207,6 +207,8 @@ class ListenWatch:
         self.channel = channel
         self._conn: Any = None
         self._fd = -1
+        #: The process that opened the session: the only one that may end it.
+        self._pid = 0
         #: Notifications psycopg read itself while `open()` ran its statement.
         self._early: list[str] = []
         #: Held while libpq's connection is used, so that `close()` from another thread
@@ -218,7 +220,7 @@ class ListenWatch:
         from psycopg import sql
 
         conn = self.connect()
-        self._conn = conn
+        self._conn, self._pid = conn, os.getpid()
         conn.add_notify_handler(self._early_notify)
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         self._fd = conn.pgconn.socket
@@ -276,10 +278,13 @@ class ListenWatch:
             conn.pgconn.send_query(b"SELECT 1")
 
     def close(self) -> None:
-        """End the session (from any thread: a `wait()` in another one returns)."""
+        """End the session (from any thread: a `wait()` in another one returns). In a
+        forked child, only forget it: the socket is its parent's too."""
         with self._lock:
             conn, self._conn = self._conn, None
             fd, self._fd = self._fd, -1
+            if self._pid != os.getpid():
+                return
             if fd >= 0:
                 # a socket closed under select() wakes nobody: shut its reading side
                 # down first (nothing is sent; the server still gets its goodbye)

@@ -10,6 +10,7 @@ never trusted at a time before it was learnt.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -191,6 +192,25 @@ def test_on_postgresql_a_session_ended_by_the_server_is_said(pg, postgres_url):
     with _opened(pg) as again:
         pg.bump_version()
         assert _heard(again) == [Change(POLICIES)]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_on_postgresql_a_forked_child_closing_the_watch_leaves_the_parents_session(pg):
+    """A gunicorn worker forked from a master that listened holds the master's watch: its
+    close ends nothing of the master's (the socket is shared)."""
+    with _opened(pg) as watch:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                watch.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        pg.bump_version()
+        assert _heard(watch) == [Change(POLICIES)]
 
 
 # -- the deny cache: versions and time ---------------------------------------------------
