@@ -16,8 +16,9 @@ that bumps the policy version, or resets a client, also sends a `NOTIFY` on the
 engine's channel (`watch.channel`, one per key prefix) in its transaction, so the message
 leaves at the commit and never without it; `watch()` is a session of its own that
 `LISTEN`s on it (`watch.ListenWatch`). That session must stay one server session: a
-transaction-pooling PgBouncer cannot carry it (point the limiter at the server, or at a
-session pool). The heartbeat rides on the version read every `BEAT_EVERY` seconds.
+transaction-pooling PgBouncer cannot carry it (changes then arrive within about a
+second, at the version reads; a session pool or the server keeps them within half a
+second). The heartbeat rides on the version read every `BEAT_EVERY` seconds.
 
 Leases (`batch`, for the fixed and sliding windows) are the Redis engine's, to the
 unit: `ratelimits_lease_v1` is the twin of `lua/lease.lua`, charging the count that
