@@ -5,7 +5,9 @@ depend on these, never on a concrete engine or on attribute probes.
 - `Engine`: what every engine that decides limits offers (`MemoryEngine`, `RedisEngine`,
   `ClusterEngine`, and `LocalFirst` in front of one of them).
 - `StoreEngine`: an engine on a shared store, with leases and a client (`RedisEngine`,
-  `ClusterEngine`, `LocalFirst`).
+  `ClusterEngine`, `PostgresEngine`, `LocalFirst`).
+- `Watch`: the connection of a store engine that hears its changes (`watch.ChangeWatch`
+  on Redis, `watch.ListenWatch` on PostgreSQL), read by `pipeline.changes`.
 - `AsyncEngine`: the async half of a `StoreEngine`, awaited on the event loop (the
   asyncio twins of `engine.aio`).
 - `LocalLayer`: an engine a process decides in alone, in front of the store: it takes a
@@ -21,9 +23,9 @@ from typing import Any, Protocol
 from ratelimits.engine.acquire import Clock
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit
-from ratelimits.engine.watch import ChangeWatch
+from ratelimits.engine.watch import Change
 
-__all__ = ["AsyncEngine", "Engine", "Holder", "LocalLayer", "StoreEngine"]
+__all__ = ["AsyncEngine", "Engine", "Holder", "LocalLayer", "StoreEngine", "Watch"]
 
 
 class Holder(Protocol):
@@ -104,6 +106,32 @@ class Engine(Holder, Protocol):
         """Processes sharing the limits at the last heartbeat (None: none learnt)."""
 
 
+class Watch(Protocol):
+    """A connection of its own that hears what changes in the store (see `engine.watch`).
+    Used by one thread, but for `pending()` (any thread) and `close()` (any thread: a
+    `wait()` in the other returns). Raises the store's errors, or `ConnectionError`, once
+    the connection is lost."""
+
+    def open(self) -> None:
+        """Connect, and ask the store for the messages."""
+
+    def wait(self, timeout: float) -> bool:
+        """Whether something came within `timeout` seconds (nothing is read)."""
+
+    def pending(self) -> bool:
+        """Whether something came that `read()` has not read (an answer at once)."""
+
+    def read(self) -> list[Change]:
+        """The changes that came (after `wait()` said something did; the answer to a
+        `ping()` is read and says none)."""
+
+    def ping(self) -> None:
+        """Ask the store for a sign of life: its answer comes, for `wait()` and `read()`."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+
 class StoreEngine(Engine, Protocol):
     """An engine on a store shared between processes: leases, its tally, its client."""
 
@@ -117,7 +145,7 @@ class StoreEngine(Engine, Protocol):
     def flush(self) -> None:
         """Send what `count_locally` tallied now."""
 
-    def watch(self) -> ChangeWatch | None:
+    def watch(self) -> Watch | None:
         """A connection that hears the policy version written, a reset announced and the
         store flushed (see `engine.watch`); None when this store cannot tell."""
 
@@ -126,7 +154,8 @@ class StoreEngine(Engine, Protocol):
 
     @property
     def client(self) -> Any:
-        """The redis-py client the engine talks through (a server's or a cluster's)."""
+        """The client the engine talks through (redis-py's, of a server or a cluster; this
+        thread's psycopg connection)."""
 
 
 class AsyncEngine(Protocol):

@@ -38,11 +38,10 @@ from typing import Any
 from ratelimits.engine import lease
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.errors import EngineError
-from ratelimits.engine.interfaces import AsyncEngine, StoreEngine
+from ratelimits.engine.interfaces import AsyncEngine, StoreEngine, Watch
 from ratelimits.engine.keynames import to_us
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Decision, Limit, Outcome, Result
-from ratelimits.engine.watch import ChangeWatch
 
 __all__ = ["HOLD", "DenyCache", "LocalFirst"]
 
@@ -370,7 +369,7 @@ class LocalFirst(Acquiring):
     def flush(self) -> None:
         self.store.flush()
 
-    def watch(self) -> ChangeWatch | None:
+    def watch(self) -> Watch | None:
         return self.store.watch()
 
     def announce_reset(self, name: str) -> None:

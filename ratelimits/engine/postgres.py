@@ -11,10 +11,19 @@ talks through connections of its own in autocommit, one per thread, opened again
 forked child: a charge is never part of a view's transaction, so the view's rollback
 cannot undo it and a long view cannot hold a client's lock.
 
-Not yet here (the pipeline is told so rather than left to guess): leases (`batch`) and
-the change-push watch (each process reads the policy version instead, and its heartbeat
-rides on that read every `BEAT_EVERY` seconds). The counters and offenders are tallied
-in process and sent in the background, as the Redis engine does (`tally`). A call with
+Changes reach every process as on Redis, within the same half second: the statement
+that bumps the policy version, or resets a client, also sends a `NOTIFY` on the
+engine's channel (`watch.channel`, one per key prefix) in its transaction, so the message
+leaves at the commit and never without it; `watch()` is a session of its own that
+`LISTEN`s on it (`watch.ListenWatch`). That session must stay one server session: a
+transaction-pooling PgBouncer cannot carry it (changes then arrive within about a
+second, at the version reads; a session pool or the server keeps them within half a
+second). The heartbeat rides on the version read every `BEAT_EVERY` seconds.
+
+Leases (`batch`, for the fixed and sliding windows) are the Redis engine's, to the
+unit: `ratelimits_lease_v1` is the twin of `lua/lease.lua`, charging the count that
+decisions read, so leased and unleased requests share it. The counters and offenders are
+tallied in process and sent in the background, as the Redis engine does (`tally`). A call with
 a calendar window is decided on this process's clock, which names the window (the
 server's could name it only inside the call).
 """
@@ -45,7 +54,7 @@ from ratelimits.engine.constants import (
     TOKEN_EPS,
     US,
 )
-from ratelimits.engine.contract import assemble, result_values
+from ratelimits.engine.contract import LEASE_RESET, assemble, result_values
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.heartbeat import BEAT_EVERY, LIVE_TTL
 from ratelimits.engine.keynames import (
@@ -55,11 +64,11 @@ from ratelimits.engine.keynames import (
     period_us,
     to_us,
 )
-from ratelimits.engine.lease import Grant, Leftover
+from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.types import Decision, Limit
-from ratelimits.engine.watch import ChangeWatch
+from ratelimits.engine.watch import POLICIES, RESET, ListenWatch, channel, notice
 
 __all__ = ["PostgresEngine", "install_sql", "unsupported"]
 
@@ -80,7 +89,12 @@ _SQL_CONSTANTS = {
     "__OFFENDERS_TTL__": OFFENDERS_TTL,
     "__OFFENDERS_CAP__": OFFENDERS_CAP,
     "__LOCK_SPACE__": LOCK_SPACE,
+    "__US__": US,
+    "__LEASE_US__": to_us(LEASE_SECONDS),
+    "__LEASE_RESET__": LEASE_RESET,
 }
+#: The function installed last (`install_sql`): a database without it gets them all.
+NEWEST_FUNCTION = "ratelimits_lease_v1"
 
 
 def install_sql() -> str:
@@ -101,6 +115,24 @@ def unsupported(limit: Limit) -> str | None:
         return (f"{spec.label} is learnt in each process "
                 "(ratelimits.engine.adaptive.AdaptiveEngine), not decided by a store")
     return None
+
+
+def _windows(limits: Sequence[Limit], now: float | None
+             ) -> tuple[list[float | None], list[float | None]]:
+    """Each limit's calendar window at `now` (this process's clock), as the functions
+    take it: its number (its start, in seconds) and its end (µs); None for a period-long
+    window."""
+    wins: list[float | None] = []
+    ends: list[float | None] = []
+    for limit in limits:
+        if limit.calendar and now is not None:
+            start, end = window(limit.calendar, limit.zone, now)
+            wins.append(float(start))
+            ends.append(float(end * US))
+        else:
+            wins.append(None)
+            ends.append(None)
+    return wins, ends
 
 
 _bounded: Any = None
@@ -194,6 +226,17 @@ class PostgresEngine(Acquiring):
         if conn is not None and local.pid == os.getpid() and not conn.closed:
             return conn
         local.conn = None
+        conn = self._session()
+        local.conn, local.pid = conn, os.getpid()
+        with self._lock:
+            self._forked()
+            self._opened.append(conn)
+        if not self._installed:
+            self._install(conn)
+        return conn
+
+    def _session(self) -> Any:
+        """A new autocommit connection, bounded as the engine's calls are."""
         # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
         # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
         # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
@@ -211,12 +254,6 @@ class PostgresEngine(Acquiring):
         # bounds its own waits for locks (`SOCKET_TIMEOUT`, in its transaction), and a
         # call given no answer within twice that is given up here.
         conn.call_timeout = 2 * self.timeout
-        local.conn, local.pid = conn, os.getpid()
-        with self._lock:
-            self._forked()
-            self._opened.append(conn)
-        if not self._installed:
-            self._install(conn)
         return conn
 
     def _install(self, conn: Any) -> None:
@@ -227,8 +264,8 @@ class PostgresEngine(Acquiring):
         with self._lock:
             if self._installed:
                 return
-            found = conn.execute(
-                "SELECT to_regproc('ratelimits_count_v1') IS NOT NULL").fetchone()[0]
+            found = conn.execute("SELECT to_regproc(%s) IS NOT NULL",
+                                 (NEWEST_FUNCTION,)).fetchone()[0]
             if not found:
                 bound, conn.call_timeout = conn.call_timeout, None  # a long statement
                 try:
@@ -293,9 +330,6 @@ class PostgresEngine(Acquiring):
         mws: list[float] = []
         ws: list[float] = []
         lockouts: list[float] = []
-        #: a calendar window's number and end (None: a period-long window)
-        wins: list[float | None] = []
-        ends: list[float | None] = []
         holds = False
         if now is None and (self.clock == "client"
                             or any(limit.calendar for limit in limits)):
@@ -316,14 +350,8 @@ class PostgresEngine(Acquiring):
             shadows.append(limit.shadow)
             lockouts.append(float(to_us(limit.lockout)))
             stages.append(limit.stage)
-            if limit.calendar and now is not None:
-                start, end = window(limit.calendar, limit.zone, now)
-                wins.append(float(start))
-                ends.append(float(end * US))
-            else:
-                wins.append(None)
-                ends.append(None)
             holds = holds or spec.holds_slots
+        wins, ends = _windows(limits, now)
         token = new_token() if holds else None
         now_us = None if now is None else float(to_us(now))
         row = self._call(
@@ -414,17 +442,31 @@ class PostgresEngine(Acquiring):
         """Tell every reader that the policies changed; the new version."""
         if not self.version_key:
             raise EngineError("this engine was built without a version_key")
+        # the NOTIFY is in the write's transaction: it leaves at the commit, never alone
         row = self._call(
-            "INSERT INTO ratelimits_version_v1 AS t (k, v) VALUES (%s, 1) "
-            "ON CONFLICT (k) DO UPDATE SET v = t.v + 1 RETURNING v", (self.version_key,))
+            "WITH b AS (INSERT INTO ratelimits_version_v1 AS t (k, v) VALUES (%s, 1) "
+            "ON CONFLICT (k) DO UPDATE SET v = t.v + 1 RETURNING v) "
+            "SELECT v, pg_notify(%s, %s) FROM b",
+            (self.version_key, channel(self.version_key), notice(POLICIES)))
         return int(row[0])
 
     # -- state ----------------------------------------------------------------------
 
     def reset(self, limit: Limit, now: float | None = None) -> None:
         """Forget one client's state under one limit: its key and every key under it
-        (its windows, its warm-up)."""
-        self._call("SELECT ratelimits_reset_v1(%s)", (client_key(self.prefix, limit),))
+        (its windows, its warm-up); a leased limit keeps the units other processes'
+        leases may still spend (see `lease`). Every process's watch then hears of it (a
+        named limit, with a version key)."""
+        # the NOTIFY in the reset's own statement: it leaves at its commit, never alone
+        said = ((channel(self.version_key), notice(RESET, limit.name))
+                if limit.name and self.version_key else None)
+        if limit.batch is not None:  # what leases may still spend stays counted (`lease`)
+            self._lease([(limit, LEASE_RESET, None)], now, said)
+        elif said is None:
+            self._call("SELECT ratelimits_reset_v1(%s)", (client_key(self.prefix, limit),))
+        else:
+            self._call("SELECT ratelimits_reset_v1(%s), pg_notify(%s, %s)",
+                       (client_key(self.prefix, limit), *said))
 
     # -- counters and offenders (tallied in process, see `tally`) -----------------------
 
@@ -531,25 +573,71 @@ class PostgresEngine(Acquiring):
 
     def lease(self, limits: Sequence[Limit], now: float | None = None, *,
               back: Sequence[Leftover] = ()) -> list[Grant]:
-        """Leases (`batch`) are not supported yet: refused with a clear error."""
+        """Take a lease of `batch` units for each of `limits` (fixed or sliding window),
+        after giving back `back`: one call of `ratelimits_lease_v1`. A grant has at least
+        the limit's cost, or none (`units == 0`, with the window's `retry_after`)."""
         if not limits and not back:
             return []
-        raise EngineError("leases (a policy's batch) are not supported by the PostgreSQL "
-                          "engine yet: remove the batch, or use Redis")
+        for limit in limits:
+            if limit.batch is None:
+                raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
+        rows = self._lease([*((item.limit, 0, item) for item in back),
+                            *((limit, limit.batch or 0, None) for limit in limits)], now)
+        return [Grant(limit, int(g), int(w), int(left), rst / US, rty / US, ends / US,
+                      int(epoch))
+                for limit, (g, w, left, rst, rty, ends, _, epoch)
+                in zip(limits, rows[len(back):], strict=True)]
 
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
-        """Nothing was leased: nothing to give back."""
-        if back:
-            raise EngineError("leases are not supported by the PostgreSQL engine yet")
-        return 0
+        """Return the unspent units of ended leases; a window that has ended keeps its
+        count. Returns the units taken back."""
+        if not back:
+            return 0
+        rows = self._lease([(item.limit, 0, item) for item in back], now)
+        return sum(int(row[6]) for row in rows)
 
-    def watch(self) -> ChangeWatch | None:
-        """None: no change push on PostgreSQL yet; processes read the version."""
-        return None
+    def _lease(self, entries: Sequence[tuple[Limit, int, Leftover | None]],
+               now: float | None, said: tuple[str, str] | None = None
+               ) -> list[tuple[float, ...]]:
+        """One call of `ratelimits_lease_v1`: per (limit, units wanted or `LEASE_RESET`,
+        units given back) entry, in order, (granted, window, remaining, reset_after,
+        retry_after, ends_after, returned, epoch), times in µs. `said`: a (channel,
+        payload) notified in the same statement."""
+        if now is None and (self.clock == "client"
+                            or any(limit.calendar for limit, _, _ in entries)):
+            now = time.time()  # this process's clock: a calendar window is named here
+        wins, ends = _windows([limit for limit, _, _ in entries], now)
+        row = self._call(
+            "SELECT l.*" + (", pg_notify(%s, %s)" if said else "") + " FROM "
+            "ratelimits_lease_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::float8[], "
+            "%s::float8[], %s) l",
+            (*(said or ()), None if now is None else float(to_us(now)),
+             [client_key(self.prefix, limit) for limit, _, _ in entries],
+             [limit.algorithm for limit, _, _ in entries],
+             [float(limit.limit) for limit, _, _ in entries],
+             [float(period_us(limit)) for limit, _, _ in entries],
+             [float(limit.cost) for limit, _, _ in entries],
+             [float(want) for _, want, _ in entries],
+             [float(back.window) if back else 0.0 for _, _, back in entries],
+             [float(back.units) if back else 0.0 for _, _, back in entries],
+             [float(back.epoch) if back else 0.0 for _, _, back in entries],
+             wins, ends, self._lock_ms))
+        return list(zip(*row[1:9], strict=True))
+
+    def watch(self) -> ListenWatch | None:
+        """A session of its own that LISTENs on the engine's channel, hearing the policy
+        version bumped and an operator's reset (not opened yet); None without a version
+        key."""
+        if not self.version_key:
+            return None
+        return ListenWatch(self._session, channel(self.version_key))
 
     def announce_reset(self, name: str) -> None:
-        """Nothing to announce: with no watch, no process remembers across a reset
-        longer than its deny cache's hold."""
+        """Tell every process's watch that clients of policy `name` were reset, so that
+        none answers them from what it remembers."""
+        if self.version_key:
+            self._call("SELECT pg_notify(%s, %s)",
+                       (channel(self.version_key), notice(RESET, name)))
 
     @property
     def client(self) -> Any:

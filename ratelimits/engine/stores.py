@@ -196,7 +196,6 @@ class PostgresStore(Store):
     name = "PostgreSQL"
     schemes = ("postgresql", "postgres")
     said = "postgresql:// (or postgres://) for PostgreSQL"
-    leases = False  # not yet: a batch is decided call by call
 
     def build(self, url: StoreURL, options: Options
               ) -> tuple[StoreEngine, AsyncEngine | None]:

@@ -2,17 +2,19 @@
 
 **Published.** A policy change (an edit, a mode switch, an override, an import) bumps
 the store's policy version once it commits (`publish`); an operator's reset of a client
-writes the policy's reset key (`announce_reset`). The write is the message: no second
-command that could fail after it.
+writes the policy's reset key (`announce_reset`; on PostgreSQL, a `NOTIFY`). The write
+is the message, or sends it in its own transaction: no second command that could fail
+after it.
 
-**Heard.** Each process serving requests keeps one connection that Redis tells of those
-writes, and of a flush of the store (`engine.watch`: client-side caching's invalidation
-messages, pub/sub in RESP2), read by a daemon thread of that process (`Listener`). On a
-message the thread drops the refusals the process remembers and marks the policy
-snapshot stale, so the next request works from the new policies: tens of milliseconds
-after the change commits. While a message has come and is not yet acted on, remembered
-refusals are not trusted (`Listener.unheard`), so a request never answers from them
-across a change it could have known of.
+**Heard.** Each process serving requests keeps one connection that the store tells of
+those writes (`engine.interfaces.Watch`): Redis, and of a flush too, by client-side
+caching's invalidation messages (pub/sub in RESP2); PostgreSQL by the `NOTIFY` that the
+write's own transaction sends, on a session that `LISTEN`s. A daemon thread of that
+process reads it (`Listener`). On a message the thread drops the refusals the process
+remembers and marks the policy snapshot stale, so the next request works from the new
+policies: tens of milliseconds after the change commits. While a message has come and
+is not yet acted on, remembered refusals are not trusted (`Listener.unheard`), so a
+request never answers from them across a change it could have known of.
 
 The thread starts with the first snapshot a process builds (its first request), never at
 import, and connects once the store has answered the process (a store out of reach is
@@ -39,8 +41,9 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimits import runtime
+from ratelimits.engine.interfaces import Watch
 from ratelimits.engine.local_first import LocalFirst
-from ratelimits.engine.watch import FLUSHED, POLICIES, RESET, Change, ChangeWatch
+from ratelimits.engine.watch import FLUSHED, POLICIES, RESET, Change
 from ratelimits.pipeline.engines import get_engine
 
 logger = logging.getLogger("ratelimits")
@@ -87,7 +90,7 @@ class Listener:
         self.engine: Any = None
         self.stopping = threading.Event()
         #: The watch while it is connected.
-        self.watch: ChangeWatch | None = None
+        self.watch: Watch | None = None
         #: A message was read and is being acted on.
         self.reading = False
         #: What a change of the policies does (the resolver's `heard`): given the
@@ -182,7 +185,7 @@ class Listener:
                 watch.close()
 
     def _open(self, engine: LocalFirst, stopping: threading.Event,
-              lost: bool) -> ChangeWatch | Literal[False] | None:
+              lost: bool) -> Watch | Literal[False] | None:
         """The watch, connected and installed; False when it could not connect (to try
         again); None when there is nothing to hear, or this thread was stopped."""
         watch = None
@@ -212,7 +215,7 @@ class Listener:
             self.watch = watch
         return watch
 
-    def _listen(self, engine: LocalFirst, watch: ChangeWatch,
+    def _listen(self, engine: LocalFirst, watch: Watch,
                 stopping: threading.Event) -> None:
         asked = False
         while not stopping.is_set():

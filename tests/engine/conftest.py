@@ -17,6 +17,7 @@ from ratelimits.engine import Limit, MemoryEngine, RedisEngine
 from ratelimits.engine.aio import AsyncClusterEngine, AsyncRedisEngine
 from ratelimits.engine.cluster import ClusterEngine
 from ratelimits.engine.deployments import async_twin_client
+from ratelimits.engine.keynames import cell, client_key
 from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.postgres import PostgresEngine
 from ratelimits.engine.types import Decision
@@ -154,3 +155,26 @@ def every_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     yield engine
     if not isinstance(engine, Blocking):
         engine.close()
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def leasing_engine(request: pytest.FixtureRequest) -> Iterator[RedisEngine | PostgresEngine]:
+    """A store engine that leases (`batch`): Redis, then PostgreSQL, for scenarios both
+    must pass alike."""
+    if request.param == "redis":
+        yield RedisEngine(request.getfixturevalue("redis_client"))
+        return
+    pg = PostgresEngine(request.getfixturevalue("postgres_url"))
+    yield pg
+    pg.close()
+
+
+def stored_count(engine: RedisEngine | PostgresEngine, limit: Limit, window: int) -> int:
+    """The count `engine` keeps for window number `window` of `limit` (prefix "rl:"), read
+    from its store."""
+    if isinstance(engine, RedisEngine):
+        key, field = cell("rl:", limit)
+        return int(engine.client.hget(f"{key}:{window}", field) or 0)
+    row = engine.client.execute("SELECT v[1] FROM ratelimits_state_v1 WHERE k = %s",
+                                (f"{client_key('rl:', limit)}:{window}",)).fetchone()
+    return 0 if row is None else int(row[0])

@@ -13,7 +13,7 @@ from ratelimits.engine import MemoryEngine, RedisEngine
 from ratelimits.engine.adaptive import AdaptiveEngine
 from ratelimits.engine.aio import AsyncClusterEngine, AsyncRedisEngine
 from ratelimits.engine.cluster import ClusterEngine
-from ratelimits.engine.interfaces import AsyncEngine, Engine, Holder, StoreEngine
+from ratelimits.engine.interfaces import AsyncEngine, Engine, Holder, StoreEngine, Watch
 from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.postgres import PostgresEngine
 
@@ -85,6 +85,15 @@ def engines(redis_client, cluster, postgres_url) -> dict[str, tuple[object, type
 def test_every_engine_offers_its_interface_by_name(engines):
     for name, (engine, protocol) in engines.items():
         assert missing(engine, protocol) == [], name
+
+
+def test_each_store_engines_watch_offers_the_watch_interface(engines):
+    for name in ("redis", "cluster", "postgres"):
+        engine, _ = engines[name]
+        assert engine.watch() is None  # built without a version key: nothing to hear
+        engine.version_key = "rl:version"
+        watch = engine.watch()
+        assert missing(watch, Watch) == [], name
 
 
 @pytest.mark.parametrize("wrapper", WRAPPERS, ids=lambda cls: cls.__name__)

@@ -1,5 +1,6 @@
-"""Leases on a real Redis: what lua/lease.lua grants and takes back at explicit times, the
-process's book of leases, and the engine calls' failures."""
+"""Leases on a real Redis and a real PostgreSQL: what lua/lease.lua and its twin
+`ratelimits_lease_v1` grant and take back at explicit times (the same scenarios on
+both), the process's book of leases, and the engine calls' failures."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from ratelimits.engine.aio import AsyncRedisEngine
 from ratelimits.engine.keynames import base_key, cell
 from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leases, Leftover
 from ratelimits.engine.local_first import LocalFirst
-from tests.engine.conftest import T0
+from ratelimits.engine.postgres import PostgresEngine
+from tests.engine.conftest import T0, stored_count
 
 MINUTE = 60.0
 WINDOW = int(T0 // MINUTE)  # T0 is aligned: the window that starts at T0
@@ -42,8 +44,14 @@ def unleased(limit: Limit) -> Limit:
 
 
 @pytest.fixture
-def engine(redis_client: redis.Redis) -> RedisEngine:
+def redis_engine(redis_client: redis.Redis) -> RedisEngine:
     return RedisEngine(redis_client)
+
+
+@pytest.fixture
+def engine(leasing_engine: RedisEngine | PostgresEngine) -> RedisEngine | PostgresEngine:
+    """The store engine a scenario runs on: Redis, then PostgreSQL."""
+    return leasing_engine
 
 
 def count(client: redis.Redis, limit: Limit, window: int = WINDOW) -> int:
@@ -54,7 +62,7 @@ def count(client: redis.Redis, limit: Limit, window: int = WINDOW) -> int:
 # -- the script -------------------------------------------------------------------------
 
 
-def test_a_fixed_window_grants_the_batch_then_the_rest_then_none(engine, redis_client):
+def test_a_fixed_window_grants_the_batch_then_the_rest_then_none(engine):
     limit = fixed()
     first, second, third, fourth = (engine.lease([limit], now=T0 + 10)[0] for _ in range(4))
     assert (first.units, first.remaining) == (50, 70)
@@ -64,18 +72,18 @@ def test_a_fixed_window_grants_the_batch_then_the_rest_then_none(engine, redis_c
     assert fourth.retry_after == 50.0  # the window's end
     assert first.ends_after == first.reset_after == 50.0
     assert first.window == WINDOW
-    assert count(redis_client, limit) == 120  # charged when granted, not when spent
+    assert stored_count(engine, limit, WINDOW) == 120  # charged when granted, not when spent
     # the next window grants again
     assert engine.lease([limit], now=T0 + MINUTE)[0].units == 50
 
 
-def test_a_grant_is_at_least_the_cost_or_nothing(engine, redis_client):
+def test_a_grant_is_at_least_the_cost_or_nothing(engine):
     limit = fixed(batch=10, limit=12, cost=3)
     assert engine.lease([limit], now=T0)[0].units == 10
     none = engine.lease([limit], now=T0 + 1)[0]
     assert none.units == 0  # 2 left, one request needs 3: none is taken
     assert none.remaining == 2
-    assert count(redis_client, limit) == 10
+    assert stored_count(engine, limit, WINDOW) == 10
 
 
 def test_leased_and_unleased_requests_share_one_count(engine):
@@ -89,36 +97,36 @@ def test_leased_and_unleased_requests_share_one_count(engine):
     assert not engine.evaluate([unleased(limit)], now=T0 + 3).allowed
 
 
-def test_give_back_returns_units_to_the_current_window_only(engine, redis_client):
+def test_give_back_returns_units_to_the_current_window_only(engine):
     limit = fixed()
     grant = engine.lease([limit], now=T0 + 5)[0]
     assert engine.give_back([Leftover(limit, grant.window, 20)], now=T0 + 6) == 20
-    assert count(redis_client, limit) == 30
+    assert stored_count(engine, limit, WINDOW) == 30
     # more than was counted: never below zero
     assert engine.give_back([Leftover(limit, grant.window, 500)], now=T0 + 7) == 30
-    assert count(redis_client, limit) == 0
+    assert stored_count(engine, limit, WINDOW) == 0
     # a window that ended keeps its count
     engine.lease([limit], now=T0 + 8)
     assert engine.give_back([Leftover(limit, grant.window, 50)], now=T0 + MINUTE + 1) == 0
-    assert count(redis_client, limit) == 50
+    assert stored_count(engine, limit, WINDOW) == 50
 
 
-def test_give_back_keeps_the_window_key_expiry(engine, redis_client):
+def test_give_back_keeps_the_window_key_expiry(redis_engine, redis_client):
     limit = fixed()
-    engine.lease([limit], now=T0 + 30)
-    engine.give_back([Leftover(limit, WINDOW, 10)], now=T0 + 31)
+    redis_engine.lease([limit], now=T0 + 30)
+    redis_engine.give_back([Leftover(limit, WINDOW, 10)], now=T0 + 31)
     key = f"{cell('rl:', limit)[0]}:{WINDOW}"
     assert 0 < redis_client.pttl(key) <= 30_000
 
 
-def test_give_back_and_a_new_lease_in_one_call(engine, redis_client):
+def test_give_back_and_a_new_lease_in_one_call(engine):
     limit = fixed(limit=100)
     engine.lease([limit], now=T0)
     engine.lease([limit], now=T0)  # the window is spent
     # 30 units of the first lease come back before the new lease is counted
     grant = engine.lease([limit], now=T0 + 1, back=[Leftover(limit, WINDOW, 30)])[0]
     assert grant.units == 30
-    assert count(redis_client, limit) == 100
+    assert stored_count(engine, limit, WINDOW) == 100
 
 
 def test_a_sliding_window_grant_counts_the_previous_window_by_its_weight(engine):
@@ -159,20 +167,20 @@ def test_one_call_leases_several_limits_in_the_request_order(engine):
     assert [(g.limit.name, g.units) for g in grants] == [("fw", 5), ("sw", 8), ("fw", 5)]
 
 
-def test_the_lease_script_is_reloaded_after_a_script_flush(engine, redis_client):
+def test_the_lease_script_is_reloaded_after_a_script_flush(redis_engine, redis_client):
     limit = fixed()
-    engine.lease([limit], now=T0)
+    redis_engine.lease([limit], now=T0)
     redis_client.script_flush()
-    assert engine.lease([limit], now=T0)[0].units == 50
+    assert redis_engine.lease([limit], now=T0)[0].units == 50
     redis_client.script_flush()
-    assert engine.give_back([Leftover(limit, WINDOW, 10)], now=T0) == 10
+    assert redis_engine.give_back([Leftover(limit, WINDOW, 10)], now=T0) == 10
 
 
-def test_the_asyncio_twin_reloads_the_lease_script_after_a_script_flush(engine, redis_client,
-                                                                         redis_url):
-    twin = AsyncRedisEngine(engine, lambda: redis.asyncio.Redis.from_url(redis_url))
+def test_the_asyncio_twin_reloads_the_lease_script_after_a_script_flush(
+        redis_engine, redis_client, redis_url):
+    twin = AsyncRedisEngine(redis_engine, lambda: redis.asyncio.Redis.from_url(redis_url))
     limit = fixed()
-    engine.lease([limit], now=T0)
+    redis_engine.lease([limit], now=T0)
     redis_client.script_flush()
     assert asyncio.run(twin.lease([limit], now=T0))[0].units == 50
 
@@ -395,11 +403,10 @@ def test_eight_processes_never_admit_more_than_the_limit_and_lease_in_batches(pr
     print(f"admitted {total} of {RACE_LIMIT} ({admitted}); {calls} store calls")
 
 
-def test_units_held_by_idle_processes_are_the_under_admission_bound(redis_client):
+def test_units_held_by_idle_processes_are_the_under_admission_bound(engine):
     # eight processes (eight books) each lease 50 and spend one, then go quiet; a ninth
     # spends the rest: the window refuses with 8 x 49 units held, the bound processes x
     # batch; a second later the quiet ones' leases end and their units come back
-    engine = RedisEngine(redis_client)
     limit = Limit("hot", "fixed_window", RACE_LIMIT, MINUTE, name="race", batch=RACE_BATCH)
     quiet = [LocalFirst(engine) for _ in range(RACERS)]
     assert all(front.evaluate([limit], now=T0 + 1).allowed for front in quiet)
@@ -466,23 +473,22 @@ def _local(*args: int, zone: str) -> float:
     return dt.datetime(*args, tzinfo=ZoneInfo(zone)).timestamp()
 
 
-def test_a_leased_calendar_day_is_the_unleased_one(redis_client):
+def test_a_leased_calendar_day_is_the_unleased_one(engine):
     """A day of Los Angeles with `batch`: the same count (its key, its window) as without,
     refused until local midnight, not until 00:00 UTC."""
     zone = "America/Los_Angeles"
     leased = Limit("u", "fixed_window", 30, 86_400, name="daily", calendar="day",
                    zone=zone, batch=10)
     plain = unleased(leased)
-    store = RedisEngine(redis_client, stats=False)
+    store = engine
     process = LocalFirst(store)
     at = _local(2027, 1, 15, 7, 13, 17, zone=zone)
     midnight = _local(2027, 1, 16, 0, 0, zone=zone)
     assert midnight - at == 60_403
     assert all(process.evaluate([leased], now=at).allowed for _ in range(15))
     # two leases of 10 charged to the day's count, which the unleased limit reads
-    key, field = cell("rl:", leased)
     day = int(_local(2027, 1, 15, 0, 0, zone=zone))
-    assert int(redis_client.hget(f"{key}:{day}", field)) == 20
+    assert stored_count(store, leased, day) == 20
     assert store.evaluate([plain], now=at).results[0].remaining == 9
     while store.evaluate([plain], now=at).allowed:
         pass
@@ -494,30 +500,27 @@ def test_a_leased_calendar_day_is_the_unleased_one(redis_client):
     # a new day at local midnight, for both
     assert process.evaluate([leased], now=midnight).allowed
     assert store.evaluate([plain], now=midnight).results[0].remaining == 30 - 10 - 1
-    store.close()
 
 
-def test_a_leased_calendar_month_is_its_own_length(redis_client):
+def test_a_leased_calendar_month_is_its_own_length(engine):
     month = Limit("acme", "fixed_window", 10, 30 * 86_400, name="plan", calendar="month",
                   zone="UTC", batch=5)
-    store = RedisEngine(redis_client, stats=False)
-    process = LocalFirst(store)
+    process = LocalFirst(engine)
     feb = _local(2028, 2, 10, 12, 0, zone="UTC")  # a leap year: February has 29 days
     assert all(process.evaluate([month], now=feb).allowed for _ in range(10))
     refused = process.evaluate([month], now=feb + 1)
     assert refused.retry_after == _local(2028, 3, 1, zone="UTC") - feb - 1  # on the 1st
     assert process.evaluate([month], now=_local(2028, 3, 1, zone="UTC")).allowed
-    store.close()
 
 
-def test_a_reset_of_a_leased_calendar_window_frees_that_window(redis_client):
+def test_a_reset_of_a_leased_calendar_window_frees_that_window(engine):
     day = Limit("u", "fixed_window", 2, 86_400, name="daily", calendar="day",
                 zone="Europe/Paris", batch=2)
-    store = RedisEngine(redis_client, stats=False)
+    store = engine
     at = _local(2027, 3, 28, 20, 0, zone="Europe/Paris")
-    assert store.evaluate([unleased(day)] * 2, now=at).allowed  # the day's count: 2
+    for _ in range(2):  # the day's count: 2
+        assert store.evaluate([unleased(day)], now=at).allowed
     assert store.lease([day], now=at)[0].units == 0
     store.reset(day, now=at + 1)  # the reset of a leased limit (see lua/lease.lua)
     assert store.evaluate([unleased(day)], now=at + 2).allowed
     assert store.lease([day], now=at + 2)[0].units == 1
-    store.close()

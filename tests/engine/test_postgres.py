@@ -1,6 +1,6 @@
 """What the PostgreSQL engine does beyond the tables every engine answers: its own
 connections and clock, expiry without a cron job, an outage said as the engine's error,
-what it does not do yet refused clearly; and how a site chooses it."""
+what it cannot decide refused clearly, a batch leased; and how a site chooses it."""
 
 from __future__ import annotations
 
@@ -285,19 +285,23 @@ def test_a_server_that_never_answers_is_given_up_after_twice_the_timeout(postgre
     assert outcomes[2] is True  # answered on a new connection
 
 
-def test_what_it_does_not_do_yet_is_refused_clearly(pg):
+def test_what_it_cannot_decide_is_refused_clearly(pg):
     with pytest.raises(ValueError, match="adaptive concurrency is learnt in each process"):
         pg.evaluate([Limit("c", "adaptive", 10, 5)])
-    with pytest.raises(EngineError, match=r"leases .* not supported by the PostgreSQL"):
-        pg.lease([Limit("c", "fixed_window", 10, 60, batch=5)])
-    assert pg.watch() is None
+    with pytest.raises(ValueError, match="has no batch to lease"):
+        pg.lease([Limit("c", "fixed_window", 10, 60)])
 
 
-def test_a_batch_is_left_unused_and_every_request_decided_exactly(pg):
-    engine = LocalFirst(pg, leasing=False)
-    limit = Limit("c", "fixed_window", 3, 60, batch=2)
+def test_a_batch_is_leased_and_spent_in_process(pg, postgres_url):
+    engine = LocalFirst(pg)
+    limit = Limit("c", "fixed_window", 3, 60, batch=2, name="b")
     assert [engine.evaluate([limit], now=T0).allowed for _ in range(4)] == [
         True, True, True, False]
+    # two calls for three admissions: a lease of 2, then of the 1 left (and a refusal)
+    assert engine.leases.units(limit) == 0
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT v[1] FROM ratelimits_state_v1 WHERE k LIKE '%%:' || %s",
+                            (str(int(T0 // 60)),)).fetchone()[0] == 3
 
 
 # -- choosing it -------------------------------------------------------------------------
@@ -336,6 +340,10 @@ def test_a_site_pointing_at_postgresql_decides_there(settings, postgres_url):
     limit = Limit("c", "fixed_window", 1, 60)
     assert engine.evaluate([limit], now=T0).allowed
     assert not PostgresEngine(postgres_url).evaluate([limit], now=T0).allowed
+    # a policy's batch is leased there: the request takes 5 units, spends one
+    leased = Limit("l", "fixed_window", 10, 60, batch=5, name="l")
+    assert engine.evaluate([leased], now=T0).allowed
+    assert engine.leases.units(leased) == 4
 
 
 def test_a_database_alias_that_is_not_postgresql_fails_the_checks(settings):

@@ -1,13 +1,12 @@
 """A site with PostgreSQL only, served by three gunicorn workers: 300 racing requests
 against a limit of 100 admit exactly 100, whatever the algorithm; and processes racing
 on one instant (explicit time, so nothing refills) admit exactly the capacity of every
-algorithm the engine decides."""
+algorithm the engine decides, and the limit of both windows when they lease (`batch`)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import time
-import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +14,7 @@ import psycopg
 import pytest
 
 from ratelimits.engine import Limit
+from ratelimits.engine.local_first import LocalFirst
 from ratelimits.engine.postgres import PostgresEngine
 from tests.engine.conftest import T0
 from tests.support.workers import Site
@@ -23,18 +23,6 @@ LIMIT = 100
 REQUESTS = 300
 #: A day: over a race of seconds, a bucket refills a hundredth of a unit.
 PERIOD = 86_400
-
-
-@pytest.fixture
-def site_database(postgres_server: str):
-    """A database of the test's own on the run's PostgreSQL, dropped afterwards (with
-    the workers' connections)."""
-    name = f"ratelimits_site_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield postgres_server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -113,27 +101,28 @@ CAPACITY = {
 }
 
 
-def _hammer(url: str, algorithm: str, start, reports) -> None:
-    engine = PostgresEngine(url, timeout=30)
+def _hammer(url: str, algorithm: str, start, reports, batch: int | None = None) -> None:
+    store = PostgresEngine(url, timeout=30)
+    # with a batch, each process leases units and spends them in process (`LocalFirst`)
+    engine = store if batch is None else LocalFirst(store)
     limit = Limit("one-key", algorithm, LIMIT, PERIOD, name=f"race-{algorithm}",
-                  **CAPACITY[algorithm])
+                  batch=batch, **CAPACITY[algorithm])
     start.wait()
     reports.append(sum(engine.evaluate([limit], now=T0).allowed
                        for _ in range(REQUESTS // 3)))
     engine.close()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm", list(CAPACITY))
-def test_three_processes_admit_exactly_the_capacity(postgres_url, algorithm):
-    made = PostgresEngine(postgres_url, version_key="v")  # its tables, before the race
+def _race(url: str, algorithm: str, batch: int | None = None) -> int:
+    """Three processes decide one client at one instant: how many they admitted."""
+    made = PostgresEngine(url, version_key="v")  # its tables, before the race
     made.read_version()
     made.close()
     ctx = multiprocessing.get_context("fork")
     start = ctx.Event()
     with ctx.Manager() as manager:
         reports = manager.list()
-        procs = [ctx.Process(target=_hammer, args=(postgres_url, algorithm, start, reports))
+        procs = [ctx.Process(target=_hammer, args=(url, algorithm, start, reports, batch))
                  for _ in range(3)]
         for p in procs:
             p.start()
@@ -141,4 +130,19 @@ def test_three_processes_admit_exactly_the_capacity(postgres_url, algorithm):
         for p in procs:
             p.join(120)
             assert p.exitcode == 0
-        assert sum(reports) == LIMIT
+        return sum(reports)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", list(CAPACITY))
+def test_three_processes_admit_exactly_the_capacity(postgres_url, algorithm):
+    assert _race(postgres_url, algorithm) == LIMIT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+def test_three_processes_leasing_admit_exactly_the_limit(postgres_url, algorithm):
+    """Leases of 7 (100 is not a multiple: the last grant is partial) taken by racing
+    processes: each unit is charged before it is spent, and at one instant no lease
+    ends, so every unit leased is spent: exactly the limit, never more."""
+    assert _race(postgres_url, algorithm, batch=7) == LIMIT

@@ -1,7 +1,7 @@
 """Each process's listener (`ratelimits.pipeline.changes`): started by the first request,
-never at import; hearing another process's change within milliseconds; connecting again
-after the store went away; one per process across a fork; and what publishing a change
-returns for the admin to say."""
+never at import; hearing another process's change within milliseconds, on Redis and on
+PostgreSQL; connecting again after the store went away (or ended the session); one per
+process across a fork; and what publishing a change returns for the admin to say."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import sys
 import threading
 import time
 
+import psycopg
 import pytest
 import redis
 from django.db import transaction
 
 from ratelimits.engine import RedisEngine
+from ratelimits.engine.postgres import PostgresEngine
 from ratelimits.models import Policy
 from ratelimits.pipeline.changes import PING_EVERY, listener
 from ratelimits.pipeline.engines import get_engine
@@ -123,6 +125,43 @@ def test_the_listener_connects_again_after_the_store_went_away(
         _until(lambda: resolver.ready() is None)
     finally:
         back.stop()
+
+
+def test_on_postgresql_the_listener_hears_another_process_and_a_session_ended(
+        client, make_policy, postgres_url, settings, capsys):
+    settings.RATELIMITS = {**settings.RATELIMITS, "DATABASE": postgres_url}
+    make_policy(name="a", limit=1, path="/hello/")
+    assert client.get("/hello/").status_code == 200
+    _listening()
+    assert client.get("/hello/").status_code == 429  # remembered
+    assert get_engine().denied.refused and resolver.ready() is not None
+
+    # another process saves a policy: the version bumped, and NOTIFY at its commit
+    other = PostgresEngine(postgres_url, version_key=f"{RATELIMITS['KEY_PREFIX']}version")
+    try:
+        other.bump_version()
+        heard = _until(lambda: resolver.ready() is None and not get_engine().denied.refused)
+        with capsys.disabled():
+            print(f"\nanother process's change heard on PostgreSQL in {heard * 1000:.1f} ms")
+
+        # the session ended by the server (a restart, an administrator): the listener
+        # connects again and drops what it remembers, as if the policies changed (as it
+        # does on Redis), then hears again
+        assert client.get("/hello/").status_code == 429
+        assert get_engine().denied.refused and resolver.ready() is not None
+        first = listener.watch
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE query ILIKE 'LISTEN %%' AND datname = current_database()").fetchall()
+        assert ended == [(True,)]
+        _until(lambda: listener.watch is not None and listener.watch is not first, 15.0)
+        _listening()
+        _until(lambda: not get_engine().denied.refused)
+        other.bump_version()
+        _until(lambda: resolver.ready() is None)
+    finally:
+        other.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")

@@ -1,11 +1,13 @@
 """An operator relents, or not: three gunicorn sync workers obey the admin's switch within
-half a second, refused clients included; and an operator's reset of the client.
+half a second, refused clients included, on Redis and on PostgreSQL; and an operator's
+reset of the client.
 
 A client is refused by an enforced policy until every worker answers it from the refusal
 it remembers; the operator switches the policy to shadow with the admin's action (its own
 code, in a process of the site, as an operator's click runs it); then every worker
 answers the client 200 within 0.5 s of the action's return, and goes on doing so. The
-other way, switched back to enforce, every worker refuses the client within 0.5 s.
+other way, switched back to enforce, every worker refuses the client within 0.5 s; and
+so on, a few rounds. The same on a site whose only store is PostgreSQL.
 Requests come from several clients at once, so that every worker answers some; each
 answer names its worker.
 """
@@ -29,6 +31,11 @@ pytestmark = pytest.mark.slow
 WORKERS = 3
 #: What the docs promise: a change reaches every process within this (seconds).
 BOUND = 0.5
+#: Switches each way: a worker that does not hear a change still learns it within a
+#: second (its refusal remembered for a second at most, the version read once a second),
+#: so it may fall within the bound by chance, each time at a moment of its own; all three
+#: workers in every round, hardly ever.
+ROUNDS = 3
 NAME = "relent"
 
 SWITCH = """
@@ -65,10 +72,21 @@ BATCH, LIBRARY = batch_library()
 
 
 @pytest.fixture
-def site(tmp_path, private_redis):
-    # loaded before the workers start: a worker's first decision is one call (MONITOR)
-    redis.Redis.from_url(private_redis.url).function_load(LIBRARY)
-    site = Site(tmp_path, private_redis.url)
+def store() -> str:
+    """The store of the site's limits (a test parametrizes it)."""
+    return "redis"
+
+
+@pytest.fixture
+def site(tmp_path, store, request, monkeypatch):
+    if store == "postgres":  # the site's database holds its limits too
+        monkeypatch.setenv("WORKERS_POSTGRES_URL", request.getfixturevalue("site_database"))
+        site = Site(tmp_path, "", settings="tests.support.workers_postgres_settings")
+    else:
+        url = request.getfixturevalue("private_redis").url
+        # loaded before the workers start: a worker's first decision is one call (MONITOR)
+        redis.Redis.from_url(url).function_load(LIBRARY)
+        site = Site(tmp_path, url)
     site.run("from django.contrib.auth import get_user_model\n"
              "get_user_model().objects.create_superuser('operator', 'op@example.com', 'pw')")
     site.policy(name=NAME, mode="enforce", algorithm="sliding_log", limit=5, period=3600,
@@ -138,6 +156,7 @@ def _measure(answers: list[tuple[float, int, int]], since: float, old: int,
             for pid in workers}
 
 
+@pytest.mark.parametrize("store", ["redis", "postgres"])
 def test_switches_reach_every_worker_within_half_a_second(site, tmp_path, capsys):
     with Traffic(site) as traffic:
         # refused everywhere, from memory by now: five admitted, then 429 from each worker
@@ -148,22 +167,26 @@ def test_switches_reach_every_worker_within_half_a_second(site, tmp_path, capsys
         workers = {pid for _, _, pid in answers}
         assert len(workers) == WORKERS
 
-        relented = _switch(site, tmp_path, "switch_to_shadow", "shadow")
-        # every worker answers 200 after the switch, and refuses nothing past the bound
-        traffic.until(lambda a: _every_worker_after(a, relented + BOUND, 200, workers))
-        late_429 = _measure(list(traffic.answers), relented, 429, workers)
+        late_429: list[float] = []
+        late_200: list[float] = []
+        for _ in range(ROUNDS):
+            relented = _switch(site, tmp_path, "switch_to_shadow", "shadow")
+            # every worker answers 200 after the switch, and refuses nothing past the bound
+            traffic.until(lambda a, t=relented: _every_worker_after(a, t + BOUND, 200, workers))
+            late_429 += _measure(list(traffic.answers), relented, 429, workers).values()
 
-        enforced = _switch(site, tmp_path, "switch_to_enforce", "enforce")
-        traffic.until(lambda a: _every_worker_after(a, enforced + BOUND, 429, workers))
-        late_200 = _measure(list(traffic.answers), enforced, 200, workers)
+            # refused again by every worker (from memory, once the store refused it)
+            enforced = _switch(site, tmp_path, "switch_to_enforce", "enforce")
+            traffic.until(lambda a, t=enforced: _every_worker_after(a, t + BOUND, 429, workers))
+            late_200 += _measure(list(traffic.answers), enforced, 200, workers).values()
 
     with capsys.disabled():
-        print(f"\nswitch to shadow: last 429 per worker "
-              f"{sorted(round(s * 1000) for s in late_429.values())} ms after the action; "
-              f"switch to enforce: last 200 per worker "
-              f"{sorted(round(s * 1000) for s in late_200.values())} ms after it")
-    assert max(late_429.values()) < BOUND, late_429
-    assert max(late_200.values()) < BOUND, late_200
+        print(f"\nswitch to shadow: last 429 per worker and round "
+              f"{sorted(round(s * 1000) for s in late_429)} ms after the action; "
+              f"switch to enforce: last 200 "
+              f"{sorted(round(s * 1000) for s in late_200)} ms after it")
+    assert max(late_429) < BOUND, late_429
+    assert max(late_200) < BOUND, late_200
 
 
 def test_a_reset_sends_every_worker_to_the_store_at_once(site, tmp_path, private_redis,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -129,6 +130,20 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     empty()
     yield postgres_server
     empty()
+
+
+@pytest.fixture
+def site_database(postgres_server: str) -> Iterator[str]:
+    """A database of the test's own on the run's PostgreSQL, for a site's processes (its
+    Django tables and its limits), dropped afterwards with their connections."""
+    import psycopg
+
+    name = f"ratelimits_site_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield postgres_server.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class Database:

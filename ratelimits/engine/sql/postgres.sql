@@ -89,6 +89,17 @@ BEGIN
 END
 $$;
 
+-- How long until a sliding window refusing `c` units at `elapsed` µs into its window
+-- admits them: once the previous window's weight falls enough, or, when the current
+-- window alone is too full, into the next window (lua/prelude.lua's `sliding_retry`).
+CREATE OR REPLACE FUNCTION ratelimits_sliding_retry_v1(
+    "L" float8, "P" float8, c float8, prev float8, cur float8, elapsed float8)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(1, CASE WHEN cur + c <= "L"
+                            THEN ceil("P" - ("L" - cur - c) * "P" / prev - elapsed)
+                            ELSE ceil("P" - elapsed + "P" - ("L" - c) * "P" / cur) END)
+$$;
+
 -- Take back what a reservation made at `now` charged (charging.unreserve, the twin of
 -- lua/check_all.lua's): from the window it counted in, from the log, from a bucket not
 -- refilled since, from a GCRA arrival time; each row keeps its expiry.
@@ -130,6 +141,20 @@ BEGIN
 END
 $$;
 
+-- Lock the clients of `p_keys` until the transaction ends: transaction-level advisory
+-- locks, taken in the order of their hashes, so that two calls sharing keys wait for
+-- each other and never deadlock.
+CREATE OR REPLACE FUNCTION ratelimits_lock_v1(p_keys text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    h int;
+BEGIN
+    FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(p_keys) x ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, h);
+    END LOOP;
+END
+$$;
+
 -- One request's limits decided in one call: every limit checked, then all of them
 -- charged or none (a refusal by a limit that is not a shadow charges nothing), each
 -- step as its twin in ratelimits/engine/algorithms.py, in the same float8 (IEEE double)
@@ -151,7 +176,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     nl int := coalesce(array_length(p_keys, 1), 0);
     now float8;
-    h int;
     i int;
     j int;
     key text;
@@ -184,9 +208,7 @@ BEGIN
     now := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
     now_us := now;
     PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
-    FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(p_keys) x ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, h);
-    END LOOP;
+    PERFORM ratelimits_lock_v1(p_keys);
 
     FOR i IN 1 .. nl LOOP
         key := p_keys[i]; al := p_algos[i];
@@ -232,12 +254,7 @@ BEGIN
                 w_ttl := w_ttl || (2 * "P" - elapsed);
             ELSE
                 a := 0;
-                IF cur + c <= "L" THEN
-                    r_rty := ceil("P" - ("L" - cur - c) * "P" / prev - elapsed);
-                ELSE
-                    r_rty := ceil("P" - elapsed + "P" - ("L" - c) * "P" / cur);
-                END IF;
-                r_rty := greatest(r_rty, 1);
+                r_rty := ratelimits_sliding_retry_v1("L", "P", c, prev, cur, elapsed);
                 r_rst := CASE WHEN cur > 0 THEN 2 * "P" - elapsed ELSE "P" - elapsed END;
                 r_rem := ratelimits_floor0_v1("L" - est);
             END IF;
@@ -460,16 +477,13 @@ CREATE OR REPLACE FUNCTION ratelimits_slots_v1(
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     now float8 := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
-    h int;
     i int;
     st float8[];
     held text[];
     names text[];
 BEGIN
     PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
-    FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(p_keys) x ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, h);
-    END LOOP;
+    PERFORM ratelimits_lock_v1(p_keys);
     FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
         names := string_to_array(p_members[i], E'\n');
         SELECT coalesce(array_agg(CASE WHEN p_renew AND mm = ANY (names)
@@ -488,6 +502,150 @@ BEGIN
             UPDATE ratelimits_state_v1 SET v = st, m = held
                 WHERE k = p_keys[i] AND expires > now;
         END IF;
+    END LOOP;
+END
+$$;
+
+-- Leases (engine/lease.py; the twin of lua/lease.lua, which says why each step is as
+-- it is): per entry, first the give-back of `p_back` units to window `p_back_win` of
+-- epoch `p_back_epoch` (only while that window is current, never below zero), then a
+-- grant of min(`p_want`, what the window has left) units, at least the cost or none,
+-- charged to the window's count that decisions read (`<key>:<window>`, v[1]), so
+-- leased and unleased requests share one count. `p_want` = __LEASE_RESET__ resets the
+-- client instead: the count keeps what leases of the last two lease periods may still
+-- spend, the previous window goes, and the epoch moves on. What a window granted lives
+-- in a row of its own, `<key>:<window>:l`, v = {lease period b, units granted in b, in
+-- b - 1, epoch}, expiring with the window (a decision rewrites the window's row whole).
+-- A calendar window is given as decisions get it (its number and its end, µs). Times
+-- are µs; `p_now` NULL: the server's clock. The clients' locks (waited for at most
+-- `p_lock_ms`) as `ratelimits_decide_v1` takes them.
+CREATE OR REPLACE FUNCTION ratelimits_lease_v1(
+    p_now float8, p_keys text[], p_algos text[], p_l float8[], p_p float8[], p_c float8[],
+    p_want float8[], p_back_win float8[], p_back float8[], p_back_epoch float8[],
+    p_cal_win float8[], p_cal_end float8[], p_lock_ms int,
+    OUT now_us float8, OUT granted float8[], OUT win float8[], OUT remaining float8[],
+    OUT reset_after float8[], OUT retry_after float8[], OUT ends_after float8[],
+    OUT returned float8[], OUT epoch float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    now float8;
+    i int;
+    key text; wkey text; lkey text; al text;
+    "L" float8; "P" float8; c float8; want float8;
+    w float8; elapsed float8; ends float8; ttl float8;
+    cur float8; prev float8; est float8; lft float8;
+    rec float8[];
+    ep float8; period float8; live float8;
+    g float8; rem float8; rst float8; rty float8; ret float8;
+BEGIN
+    now := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
+    now_us := now;
+    PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
+    PERFORM ratelimits_lock_v1(p_keys);
+    granted := '{}'; win := '{}'; remaining := '{}'; reset_after := '{}';
+    retry_after := '{}'; ends_after := '{}'; returned := '{}'; epoch := '{}';
+    FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+        key := p_keys[i]; al := p_algos[i];
+        "L" := p_l[i]; "P" := p_p[i]; c := p_c[i]; want := p_want[i];
+        IF al NOT IN ('fixed_window', 'sliding_window') THEN
+            RAISE EXCEPTION 'ratelimits: a lease needs fixed_window or sliding_window, not %',
+                al USING ERRCODE = '22023';
+        END IF;
+        IF p_cal_win[i] IS NULL THEN
+            w := floor(now / "P");
+            elapsed := now - w * "P";
+            ends := "P" - elapsed;
+        ELSE
+            w := p_cal_win[i];
+            elapsed := now - w * __US__;
+            ends := p_cal_end[i] - now;
+        END IF;
+        -- what a grant's write keeps the window for, as a decision's write does
+        ttl := CASE WHEN al = 'fixed_window' THEN ends ELSE 2 * "P" - elapsed END;
+        wkey := key || ':' || w::bigint;
+        lkey := wkey || ':l';
+        SELECT s.v[1] INTO cur FROM ratelimits_state_v1 s WHERE s.k = wkey AND s.expires > now;
+        cur := coalesce(cur, 0);
+        SELECT s.v INTO rec FROM ratelimits_state_v1 s WHERE s.k = lkey AND s.expires > now;
+        ep := coalesce(rec[4], 0);
+        period := floor(now / __LEASE_US__);
+        IF want = __LEASE_RESET__ THEN
+            DELETE FROM ratelimits_state_v1 WHERE k IN (key || ':' || (w - 1)::bigint,
+                                                        key || ':' || (w - 1)::bigint || ':l');
+            IF rec IS NOT NULL THEN
+                -- the units granted in the lease periods whose leases may still run
+                live := CASE WHEN rec[1] >= period THEN rec[2] + rec[3]
+                             WHEN rec[1] = period - 1 THEN rec[2] ELSE 0 END;
+                cur := least(cur, live);
+                IF cur > 0 THEN
+                    UPDATE ratelimits_state_v1 SET v = ARRAY[cur] WHERE k = wkey;
+                ELSE
+                    DELETE FROM ratelimits_state_v1 WHERE k = wkey;
+                END IF;
+                ep := ep + 1;
+                UPDATE ratelimits_state_v1 SET v[4] = ep WHERE k = lkey;
+            ELSE  -- nothing leased in this window: nothing can be spent from it any more
+                DELETE FROM ratelimits_state_v1 WHERE k = wkey;
+                cur := 0;
+            END IF;
+            want := 0;
+        END IF;
+        ret := 0;
+        IF p_back[i] > 0 AND p_back_win[i] = w AND p_back_epoch[i] = ep AND cur > 0 THEN
+            ret := least(p_back[i], cur);
+            cur := cur - ret;
+            UPDATE ratelimits_state_v1 SET v = ARRAY[cur] WHERE k = wkey;  -- its expiry kept
+        END IF;
+        g := 0; rem := 0; rst := 0; rty := 0;
+        IF al = 'fixed_window' THEN
+            lft := "L" - cur;
+            rst := ends;
+            IF want > 0 AND lft >= c THEN
+                g := least(want, lft);
+            ELSIF want > 0 THEN
+                rty := rst;
+            END IF;
+            rem := ratelimits_floor0_v1(lft - g);
+        ELSE
+            SELECT s.v[1] INTO prev FROM ratelimits_state_v1 s
+                WHERE s.k = key || ':' || (w - 1)::bigint AND s.expires > now;
+            prev := coalesce(prev, 0);
+            est := prev * ("P" - elapsed) / "P" + cur;
+            lft := floor("L" - est + __TOKEN_EPS__);
+            IF want > 0 AND lft >= c THEN
+                g := least(want, lft);
+                rst := 2 * "P" - elapsed;
+            ELSE
+                IF want > 0 THEN
+                    rty := ratelimits_sliding_retry_v1("L", "P", c, prev, cur, elapsed);
+                END IF;
+                rst := CASE WHEN cur > 0 THEN 2 * "P" - elapsed ELSE "P" - elapsed END;
+            END IF;
+            rem := ratelimits_floor0_v1("L" - est - g);
+        END IF;
+        IF g > 0 THEN
+            INSERT INTO ratelimits_state_v1 AS s (k, v, m, expires)
+                VALUES (wkey, ARRAY[cur + g], NULL, ratelimits_expiry_v1(now, ttl))
+                ON CONFLICT (k) DO UPDATE
+                SET v = excluded.v, m = NULL, expires = excluded.expires;
+            -- the grant recorded in lease period `period` (a record behind it moves on)
+            IF rec IS NULL THEN
+                rec := ARRAY[period, g, 0, ep];
+            ELSIF rec[1] >= period THEN
+                rec[2] := rec[2] + g;
+            ELSIF rec[1] = period - 1 THEN
+                rec := ARRAY[period, g, rec[2], ep];
+            ELSE
+                rec := ARRAY[period, g, 0, ep];
+            END IF;
+            INSERT INTO ratelimits_state_v1 AS s (k, v, m, expires)
+                VALUES (lkey, rec, NULL, ratelimits_expiry_v1(now, ttl))
+                ON CONFLICT (k) DO UPDATE
+                SET v = excluded.v, m = NULL, expires = excluded.expires;
+        END IF;
+        granted := granted || g; win := win || w; remaining := remaining || rem;
+        reset_after := reset_after || rst; retry_after := retry_after || rty;
+        ends_after := ends_after || ends; returned := returned || ret; epoch := epoch || ep;
     END LOOP;
 END
 $$;
