@@ -91,7 +91,7 @@ class MemoryEngine(Acquiring):
                 self._store.sweep(now_f)
             admitted, checks, _, token = charge(self._store, prepared, now_f)
             raw: list[Any] = []
-            minute = math.floor(now_f / (60 * US))
+            counted = self.counted  # beside a store (the usual case), the store counts
             for limit, r in zip(limits, checks, strict=True):
                 remaining = r[REMAINING]
                 if limit.stage == REFUND:
@@ -103,7 +103,8 @@ class MemoryEngine(Acquiring):
                     field = "o"
                 else:
                     field = "w" if limit.shadow else "r"
-                if limit.name and self.counted:
+                if counted and limit.name:
+                    minute = math.floor(now_f / (60 * US))
                     self._count(stats_key(self.prefix, limit.name, minute), field, now_f)
                     if field in ("r", "w"):
                         hour = math.floor(now_f / (3600 * US))
