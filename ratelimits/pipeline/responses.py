@@ -174,8 +174,12 @@ def rate_headers(outcome: PolicyOutcome, style: str) -> dict[str, str]:
     # The draft's quota: `q` units per `w` seconds. For the buckets and gcra that is the
     # sustained rate (limit per period), not the burst a client may spend at once.
     quota = limit.limit
-    remaining = max(0, int(result.remaining))
-    reset = _seconds(result.reset_after if result.allowed else result.retry_after)
+    remaining = int(result.remaining)
+    if remaining < 0:
+        remaining = 0
+    reset = math.ceil(result.reset_after if result.allowed else result.retry_after)
+    if reset < 0:
+        reset = 0
     headers: dict[str, str] = {}
     if style in ("ietf", "both"):
         name, policy = _policy_field(outcome.policy.name, quota, limit.period,
