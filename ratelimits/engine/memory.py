@@ -30,7 +30,7 @@ from ratelimits.engine.constants import (
     STATS_TTL,
     US,
 )
-from ratelimits.engine.contract import assemble, result_values
+from ratelimits.engine.contract import assemble, assemble_one, result_values
 from ratelimits.engine.expiring import ExpiringStore
 from ratelimits.engine.keynames import (
     client_key,
@@ -43,7 +43,7 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import REFUND, Decision, Limit, Outcome
+from ratelimits.engine.types import CHARGE, REFUND, Decision, Limit, Outcome
 
 __all__ = ["MemoryEngine"]
 
@@ -118,6 +118,29 @@ class MemoryEngine(Acquiring):
         if not admitted:
             return decision, None
         return decision, Receipt(decision, tuple(prepared), tuple(checks), now_f, token)
+
+    def take_one(self, limit: Limit, now: float | None = None) -> Decision:
+        """`take([limit])` without a receipt, for a caller that never refunds it (the only
+        layer of a request): the usual per-process call, one limit whose check is its
+        all or nothing, without the lists and the assembly of a batch. Counted as
+        `take()` counts when this engine counts its own decisions."""
+        entry = self._prepared.get(id(limit))
+        if entry is None or entry[0] is not limit or self.counted:
+            return self.take([limit], now)[0]  # made ready (or counted) there
+        p = entry[1]
+        if p.stage != CHARGE or p.lockout or p.needs_token:
+            return self.take([limit], now)[0]
+        now_f = float(to_us(time.time() if now is None else now))
+        with self._lock:
+            store = self._store
+            if now_f >= store.next_due:
+                store.sweep(now_f)
+            r = p.check(store, p.key, now_f, p.limit, p.period_us, p.burst, p.cost)
+            if r[ALLOWED]:
+                p.commit(store, p.key, now_f, p.period_us, p.cost, r, "")
+            version = self._version if self.version_key else None
+        return assemble_one(limit, r[ALLOWED], r[REMAINING], r[RESET_AFTER], r[RETRY_AFTER],
+                            r[DELAY], version)
 
     def refund(self, receipt: Receipt) -> Decision:
         """Give back what `take()` charged, because something outside this engine refused

@@ -198,7 +198,7 @@ class Pass:
             step.shared = planned
             return step
         try:
-            _take_local(step, route.per_process_only)
+            _take_local(step, route.per_process_only, route.lone)
         except BaseException:
             vacate(place)
             raise
@@ -346,11 +346,19 @@ class Step:
         self.verdict: Verdict | None = None
 
 
-def _take_local(step: Step, per_process_only: bool = False) -> None:
+def _take_local(step: Step, per_process_only: bool = False, lone: bool = False) -> None:
     """Each in-process layer takes its policies: the adaptive ones first (a refusal there
     is the cheapest), then the per-process ones; the store's part is left when all
-    admit and it has any. `per_process_only`: the route says every policy is counted
-    per process (none to sort)."""
+    admit and it has any. The route says when every policy is counted per process
+    (`per_process_only`: none to sort), and when that is one policy (`lone`: the
+    request's only layer, whose charge nothing refunds)."""
+    if lone:
+        local = get_local_engine()
+        started = time.perf_counter()
+        decision = local.take_one(step.planned[0].limit, step.now)
+        step.taken.append(Taken(local, step.planned, decision, None,
+                                time.perf_counter() - started))
+        return  # no store part: `step.shared` stays None
     learned: list[Planned] = []
     own: list[Planned] = []
     shared: list[Planned] = []

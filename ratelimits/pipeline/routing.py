@@ -38,7 +38,7 @@ ROUTES_KEPT = 2_048
 class Route:
     """What requests of one method and path ask of one snapshot (see `route_of`)."""
 
-    __slots__ = ("admin", "alone", "calls_code", "deferred", "may_wait",
+    __slots__ = ("admin", "alone", "calls_code", "deferred", "lone", "may_wait",
                  "overridden", "path", "per_process_only", "policies", "reads_user",
                  "redirect", "settles")
 
@@ -70,9 +70,11 @@ class Route:
         #: a policy may admit with a delay (a place in the waiting room is taken first).
         self.settles = any(p.settles for p in policies)
         self.may_wait = any(p.may_wait for p in policies)
-        #: Every policy is decided in the per-process engine (no layer to sort them by).
+        #: Every policy is decided in the per-process engine (no layer to sort them by);
+        #: `lone`: there is one, the request's only layer (nothing to refund it for).
         self.per_process_only = bool(policies) and all(
             p.counting == PER_PROCESS and not p.learned for p in policies)
+        self.lone = self.per_process_only and len(policies) == 1
 
 
 #: The scopes of a request outside DRF: only policies without a scope apply.
