@@ -76,7 +76,9 @@ def decide(request: Any, scopes: frozenset[str], sender: type,
     if ctx is None:
         return None
     snap = resolver.ready()
-    if snap is None or _tables_due():
+    # read once: whether the tables are due now (`_tables_due`), the version later
+    mono = runtime.clock().monotonic()
+    if snap is None or mono - process.db_checked_at >= DB_CHECK_EVERY:
         snap = _fresh(snap)
     run = Pass(ctx, snap, middleware)
     # `left_alone` asked only when it has something to ask (see `Route.alone`)
@@ -95,7 +97,7 @@ def decide(request: Any, scopes: frozenset[str], sender: type,
                 raise
         if not run.stale():
             return run.ended()
-        newer = newer_snapshot(run.version, run.snap, ctx.config)
+        newer = newer_snapshot(run.version, run.snap, ctx.config, mono)
         if newer is None or not run.moved_to(newer):
             return run.ended()
 
@@ -226,8 +228,10 @@ class Pass:
                 self.version = False
             else:
                 state.version_seen = True
+                # no store asked, or no version in its reply: `newer_snapshot` reads it
                 version = None if decision is None else decision.version
-                self.version = False if current(version, self.snap) else version
+                self.version = (False if version is not None and current(version, self.snap)
+                                else version)
         self.verdict = got if self.verdict is None else self.verdict.merged(got)
 
     def stale(self) -> bool:
