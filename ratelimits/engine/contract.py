@@ -282,27 +282,6 @@ def assemble(
     )
 
 
-def assemble_one(limit: Limit, allowed: int, remaining: float, reset_after: float,
-                 retry_after: float, delay: float, version: int | None) -> Decision:
-    """`assemble()` of a call of one `CHARGE` limit that holds no slot, from its check's
-    figures (µs), as `MemoryEngine.take_one` answers: its refusal refuses the call unless
-    it is shadow, and nothing is spared (tests hold the two to the same decisions)."""
-    rem = int(remaining)
-    if rem < 0:
-        rem = 0
-    if allowed:
-        result = Result(limit, True, rem, reset_after / US, 0.0, delay / US, Outcome.ADMITTED)
-        return Decision(True, (result,), 0, 0.0 if limit.shadow else result.delay, version)
-    if limit.shadow:
-        result = Result(limit, False, rem, reset_after / US, retry_after / US, 0.0,
-                        Outcome.WOULD_REJECT)
-        return Decision(True, (result,), 0, 0.0, version)
-    result = Result(limit, False, rem, reset_after / US, retry_after / US, 0.0,
-                    Outcome.REJECTED)
-    retry = -(-int(retry_after) // US)
-    return Decision(False, (result,), retry if retry > 1 else 1, 0.0, version)
-
-
 def note_taken(limits: Sequence[Limit], token: str | None, exc: EngineError) -> None:
     """A call of `limits` under `token` failed with `exc`: note on it the slots the call
     takes if the store runs it anyway (`EngineError.taken`). A call that timed out was

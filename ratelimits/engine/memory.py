@@ -30,7 +30,7 @@ from ratelimits.engine.constants import (
     STATS_TTL,
     US,
 )
-from ratelimits.engine.contract import assemble, assemble_one, result_values
+from ratelimits.engine.contract import assemble, result_values
 from ratelimits.engine.expiring import ExpiringStore
 from ratelimits.engine.keynames import (
     client_key,
@@ -43,7 +43,7 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import CHARGE, REFUND, Decision, Limit, Outcome
+from ratelimits.engine.types import CHARGE, REFUND, Decision, Limit, Outcome, Result
 
 __all__ = ["MemoryEngine"]
 
@@ -139,7 +139,7 @@ class MemoryEngine(Acquiring):
             if r[ALLOWED]:
                 p.commit(store, p.key, now_f, p.period_us, p.cost, r, "")
             version = self._version if self.version_key else None
-        return assemble_one(limit, r[ALLOWED], r[REMAINING], r[RESET_AFTER], r[RETRY_AFTER],
+        return _assembled_one(limit, r[ALLOWED], r[REMAINING], r[RESET_AFTER], r[RETRY_AFTER],
                             r[DELAY], version)
 
     def refund(self, receipt: Receipt) -> Decision:
@@ -373,3 +373,24 @@ class MemoryEngine(Acquiring):
                             renewed = True
                     if renewed:
                         store.set(key, held, now_f, period)
+
+
+def _assembled_one(limit: Limit, allowed: int, remaining: float, reset_after: float,
+                    retry_after: float, delay: float, version: int | None) -> Decision:
+    """`contract.assemble()` of a call of one `CHARGE` limit that holds no slot, from its
+    check's figures (µs), as `take_one` answers: its refusal refuses the call unless it is
+    shadow, and nothing is spared (tests hold it to `take()`'s decisions)."""
+    rem = int(remaining)
+    if rem < 0:
+        rem = 0
+    if allowed:
+        result = Result(limit, True, rem, reset_after / US, 0.0, delay / US, Outcome.ADMITTED)
+        return Decision(True, (result,), 0, 0.0 if limit.shadow else result.delay, version)
+    if limit.shadow:
+        result = Result(limit, False, rem, reset_after / US, retry_after / US, 0.0,
+                        Outcome.WOULD_REJECT)
+        return Decision(True, (result,), 0, 0.0, version)
+    result = Result(limit, False, rem, reset_after / US, retry_after / US, 0.0,
+                    Outcome.REJECTED)
+    retry = -(-int(retry_after) // US)
+    return Decision(False, (result,), retry if retry > 1 else 1, 0.0, version)
