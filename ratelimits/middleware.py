@@ -62,23 +62,20 @@ class RateLimitMiddleware:
         # room): whatever fails, at any step, gives them back.
         state = state_for(request)
         try:
-            return settling.finish(request, state, self._respond(request, state))
+            verdict = evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self),
+                                          state=state, middleware=True)
+            if verdict is not None:
+                if verdict.status == ADMITTED and verdict.delay > 0:
+                    verdict = evaluation.wait_turn(verdict)
+                if verdict.status != ADMITTED:
+                    return settling.finish(request, state, rejection_response(request, verdict))
+            response = self.get_response(request)
+            if state.deferred and not state.throttled:
+                response = self._after(request, state, response)
+            return settling.finish(request, state, response)
         except BaseException:
             evaluation.release(request, state)
             raise
-
-    def _respond(self, request: Any, state: RequestState) -> Any:
-        verdict = evaluation.evaluate(request, scopes=UNSCOPED, sender=type(self), state=state,
-                                      middleware=True)
-        if verdict is not None:
-            if verdict.status == ADMITTED and verdict.delay > 0:
-                verdict = evaluation.wait_turn(verdict)
-            if verdict.status != ADMITTED:
-                return rejection_response(request, verdict)
-        response = self.get_response(request)
-        if state.deferred and not state.throttled:
-            return self._after(request, state, response)
-        return response
 
     async def __acall__(self, request: Any) -> Any:
         # Decided on the event loop (the store awaited, see engine.aio); a refusal's

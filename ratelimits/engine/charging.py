@@ -71,6 +71,23 @@ def charge(
     whatever the call's other limits say). Returns whether the request was admitted,
     the checks, each check's `allowed` (1 or 0), and the token drawn ('' when none was
     needed). The caller holds the engine's lock."""
+    if len(prepared) == 1:  # the usual call: all or nothing is the one limit's answer
+        p = prepared[0]
+        if p.stage != REFUND and not p.lockout:
+            r = p.check(store, p.key, now, p.limit, p.period_us, p.burst, p.cost)
+            ok = r[ALLOWED]
+            if not ok:
+                return p.shadow, [r], [ok], ""
+            token = new_token() if p.needs_token else ""
+            p.commit(store, p.key, now, p.period_us, p.cost, r, token)
+            return True, [r], [ok], token
+    return _charge_all(store, prepared, now)
+
+
+def _charge_all(
+    store: ExpiringStore, prepared: Sequence[Prepared], now: float
+) -> tuple[bool, list[Check], list[int], str]:
+    """`charge()` of several limits (or of one with a lockout, or being refunded)."""
     # Unpacked rather than read by name: this loop runs millions of times in a replay.
     checks = [NOT_CHECKED if stage == REFUND else check(store, key, now, L, P, B, c)
               for key, check, _, L, P, B, c, _, _, stage, *_ in prepared]

@@ -256,14 +256,17 @@ def assemble(
         outcome = _OUTCOME_OF[raw[o + _OUTCOME]]
         wait = raw[o + _WAIT]
         allowed = outcome in PASSED
-        result = Result(limit, allowed, max(0, int(raw[o + _REMAINING])), raw[o + _RESET] / US,
+        # comparisons rather than max(): this runs for every limit of every request
+        remaining = int(raw[o + _REMAINING])
+        result = Result(limit, allowed, remaining if remaining > 0 else 0, raw[o + _RESET] / US,
                         0.0 if allowed else wait / US, wait / US if allowed else 0.0, outcome)
         results.append(result)
         if not limit.shadow:
             if not allowed:
-                retry_us = max(retry_us, int(wait))
-            elif admitted:
-                delay = max(delay, result.delay)
+                if wait > retry_us:
+                    retry_us = int(wait)
+            elif admitted and result.delay > delay:
+                delay = result.delay
         if outcome is Outcome.ADMITTED:
             holds = holds or REGISTRY[limit.algorithm].holds_slots
             reserved = reserved or limit.stage == RESERVE

@@ -43,7 +43,7 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.registry import REGISTRY
-from ratelimits.engine.types import REFUND, Decision, Limit, Outcome
+from ratelimits.engine.types import CHARGE, REFUND, Decision, Limit, Outcome, Result
 
 __all__ = ["MemoryEngine"]
 
@@ -91,7 +91,7 @@ class MemoryEngine(Acquiring):
                 self._store.sweep(now_f)
             admitted, checks, _, token = charge(self._store, prepared, now_f)
             raw: list[Any] = []
-            minute = math.floor(now_f / (60 * US))
+            counted = self.counted  # beside a store (the usual case), the store counts
             for limit, r in zip(limits, checks, strict=True):
                 remaining = r[REMAINING]
                 if limit.stage == REFUND:
@@ -103,7 +103,8 @@ class MemoryEngine(Acquiring):
                     field = "o"
                 else:
                     field = "w" if limit.shadow else "r"
-                if limit.name and self.counted:
+                if counted and limit.name:
+                    minute = math.floor(now_f / (60 * US))
                     self._count(stats_key(self.prefix, limit.name, minute), field, now_f)
                     if field in ("r", "w"):
                         hour = math.floor(now_f / (3600 * US))
@@ -117,6 +118,29 @@ class MemoryEngine(Acquiring):
         if not admitted:
             return decision, None
         return decision, Receipt(decision, tuple(prepared), tuple(checks), now_f, token)
+
+    def take_one(self, limit: Limit, now: float | None = None) -> Decision:
+        """`take([limit])` without a receipt, for a caller that never refunds it (the only
+        layer of a request): the usual per-process call, one limit whose check is its
+        all or nothing, without the lists and the assembly of a batch. Counted as
+        `take()` counts when this engine counts its own decisions."""
+        entry = self._prepared.get(id(limit))
+        if entry is None or entry[0] is not limit or self.counted:
+            return self.take([limit], now)[0]  # made ready (or counted) there
+        p = entry[1]
+        if p.stage != CHARGE or p.lockout or p.needs_token:
+            return self.take([limit], now)[0]
+        now_f = float(to_us(time.time() if now is None else now))
+        with self._lock:
+            store = self._store
+            if now_f >= store.next_due:
+                store.sweep(now_f)
+            r = p.check(store, p.key, now_f, p.limit, p.period_us, p.burst, p.cost)
+            if r[ALLOWED]:
+                p.commit(store, p.key, now_f, p.period_us, p.cost, r, "")
+            version = self._version if self.version_key else None
+        return _assembled_one(limit, r[ALLOWED], r[REMAINING], r[RESET_AFTER], r[RETRY_AFTER],
+                            r[DELAY], version)
 
     def refund(self, receipt: Receipt) -> Decision:
         """Give back what `take()` charged, because something outside this engine refused
@@ -349,3 +373,24 @@ class MemoryEngine(Acquiring):
                             renewed = True
                     if renewed:
                         store.set(key, held, now_f, period)
+
+
+def _assembled_one(limit: Limit, allowed: int, remaining: float, reset_after: float,
+                    retry_after: float, delay: float, version: int | None) -> Decision:
+    """`contract.assemble()` of a call of one `CHARGE` limit that holds no slot, from its
+    check's figures (µs), as `take_one` answers: its refusal refuses the call unless it is
+    shadow, and nothing is spared (tests hold it to `take()`'s decisions)."""
+    rem = int(remaining)
+    if rem < 0:
+        rem = 0
+    if allowed:
+        result = Result(limit, True, rem, reset_after / US, 0.0, delay / US, Outcome.ADMITTED)
+        return Decision(True, (result,), 0, 0.0 if limit.shadow else result.delay, version)
+    if limit.shadow:
+        result = Result(limit, False, rem, reset_after / US, retry_after / US, 0.0,
+                        Outcome.WOULD_REJECT)
+        return Decision(True, (result,), 0, 0.0, version)
+    result = Result(limit, False, rem, reset_after / US, retry_after / US, 0.0,
+                    Outcome.REJECTED)
+    retry = -(-int(retry_after) // US)
+    return Decision(False, (result,), retry if retry > 1 else 1, 0.0, version)

@@ -251,7 +251,10 @@ def _read_ip(request: Any, arg: str, proxies: Proxies) -> str | None:
 def _ip_identity(request: Any, arg: str, proxies: Proxies) -> str | None:
     """The `ip` key's identity: an address (or an IPv6 network) is short printable ASCII
     and never begins with "h:", so it is counted as it is, never digested."""
-    address = client_ip(_meta(request), proxies.trusted, proxies.ipv6_prefix, proxies.header)
+    meta = getattr(getattr(request, "_request", request), "META", None)  # `_meta`, inlined:
+    if type(meta) is not dict:  # every request asks it
+        meta = _meta(request)
+    address = client_ip(meta, proxies.trusted, proxies.ipv6_prefix, proxies.header)
     return None if address is None else f"ip:{address}"
 
 

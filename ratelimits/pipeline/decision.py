@@ -56,9 +56,9 @@ from ratelimits.pipeline.resolver import (
     newer_snapshot,
     resolver,
 )
-from ratelimits.pipeline.routing import Route, asks, defers, left_alone, route_of
+from ratelimits.pipeline.routing import Route, asks, left_alone, route_of
 from ratelimits.pipeline.settling import pending_of
-from ratelimits.pipeline.state import Context, RequestState, http_request, process, state_for
+from ratelimits.pipeline.state import Context, RequestState, process, state_for
 from ratelimits.pipeline.verdict import PolicyOutcome, Verdict, denies, judge, unidentified
 from ratelimits.pipeline.waiting import seat, settle, vacate
 from ratelimits.pipeline.watchdog import hold, watchdog
@@ -76,10 +76,14 @@ def decide(request: Any, scopes: frozenset[str], sender: type,
     if ctx is None:
         return None
     snap = resolver.ready()
-    if snap is None or _tables_due():
+    # read once: whether the tables are due now (`_tables_due`), the version later
+    mono = runtime.clock().monotonic()
+    if snap is None or mono - process.db_checked_at >= DB_CHECK_EVERY:
         snap = _fresh(snap)
     run = Pass(ctx, snap, middleware)
-    if run.deferred or left_alone(ctx, run.route):
+    # `left_alone` asked only when it has something to ask (see `Route.alone`)
+    if run.deferred or ((ctx.state.exempt or ctx.config["EXEMPT"] or run.route.alone)
+                        and left_alone(ctx, run.route)):
         return None
     while True:
         policies = run.unmet()
@@ -91,8 +95,10 @@ def decide(request: Any, scopes: frozenset[str], sender: type,
             except BaseException:
                 vacate(step.place)
                 raise
-        if not (run.stale() and run.moved_to(newer_snapshot(run.version, run.snap,
-                                                             ctx.config))):
+        if not run.stale():
+            return run.ended()
+        newer = newer_snapshot(run.version, run.snap, ctx.config, mono)
+        if newer is None or not run.moved_to(newer):
             return run.ended()
 
 
@@ -109,8 +115,9 @@ async def adecide(request: Any, scopes: frozenset[str], sender: type,
     if snap is None or _tables_due():
         snap = await sync_to_async(_fresh)(snap)
     run = Pass(ctx, snap, middleware)
-    if run.deferred or (await sync_to_async(left_alone)(ctx, run.route)
-                        if asks(ctx, run.route) else left_alone(ctx, run.route)):
+    if run.deferred or ((ctx.state.exempt or ctx.config["EXEMPT"] or run.route.alone) and (
+            await sync_to_async(left_alone)(ctx, run.route) if asks(ctx, run.route)
+            else left_alone(ctx, run.route))):
         return None
     while True:
         policies = run.unmet()
@@ -121,8 +128,10 @@ async def adecide(request: Any, scopes: frozenset[str], sender: type,
             except BaseException:  # a cancelled task too
                 vacate(step.place)
                 raise
-        if not (run.stale() and run.moved_to(await anewer_snapshot(run.version, run.snap,
-                                                                   ctx.config))):
+        if not run.stale():
+            return run.ended()
+        newer = await anewer_snapshot(run.version, run.snap, ctx.config)
+        if newer is None or not run.moved_to(newer):
             return run.ended()
 
 
@@ -135,9 +144,15 @@ class Pass:
 
     def __init__(self, ctx: Context, snap: Snapshot, middleware: bool) -> None:
         self.ctx, self.snap = ctx, snap
-        self.route = route_of(ctx.base, ctx.method, ctx.scopes, snap)
-        #: The middleware leaves this request to the view (see `defers`).
-        self.deferred = middleware and defers(ctx, self.route)
+        self.route = route = route_of(ctx.base, ctx.method, ctx.scopes, snap)
+        #: The middleware leaves this request to the view's `PolicyThrottle` or
+        #: `@ratelimit`, which decides the unscoped and the scoped policies in one call.
+        self.deferred = False
+        if middleware:
+            state = ctx.state
+            state.middleware = True
+            if route.deferred:
+                state.deferred = self.deferred = True
         self.verdict: Verdict | None = None
         self.second = False  # the pass on a newer snapshot
         self.judged = False  # this pass decided some policy
@@ -156,11 +171,67 @@ class Pass:
 
     def prepare(self, policies: Sequence[Any], planned: list[Planned],
                 failed: list[Any]) -> Step:
+        """The step that decides `planned`: refused at once (503) when a policy that
+        cannot identify the client denies; else a place taken when a policy may delay the
+        request, and every in-process layer asked, in order, until one refuses."""
         self.judged = True
-        return prepare(self.ctx, policies, planned, failed, self.route.may_wait)
+        ctx, route = self.ctx, self.route
+        state = ctx.state
+        state.charged.update([p.id for p in policies])
+        if failed and denies(failed):
+            # a 503 before any engine is asked: a request refused anyway charges no policy
+            # and takes no place or slot (see `verdict.unidentified`)
+            step = Step(planned, failed, None, None, None)
+            step.verdict = unidentified(planned)
+            return step
+        place = None
+        if route.may_wait:  # a place to wait in, taken before any turn is
+            planned, place = seat(ctx, planned)
+        # the request's own time (`RequestState.now`), else the installed clock's
+        # (`runtime.decision_time()`: None under the real one, the engine's)
+        now = state.now if state.now is not None else runtime.decision_time()
+        step = Step(planned, failed, place, now, recorder_for(ctx.config))
+        for p in planned:
+            if p.policy.in_process:
+                break
+        else:
+            # the usual case: every policy is the store's (asked with none too: its reply
+            # carries the policy version)
+            step.shared = planned
+            return step
+        try:
+            _take_local(step, route.per_process_only, route.lone)
+        except BaseException:
+            vacate(place)
+            raise
+        return step
 
     def judge(self, step: Step, reply: tuple[Any, Decision | EngineError] | None) -> None:
-        got, self.version = finish(self.ctx, self.snap, step, reply, self.route.settles)
+        """The verdict on a step joined to the pass's, and what its store's reply said of
+        the policy version (`version`): False when the snapshot is current (or the store
+        was out of reach: the version waits for it), else the version to look for (None:
+        the reply carried none)."""
+        got = step.verdict
+        if got is not None:  # refused before any engine was asked
+            self.version = False
+        else:
+            ctx = self.ctx
+            got, decision = judge_step(ctx, step, reply)
+            state = ctx.state
+            if step.place is not None:
+                settle(state, step.place, got)
+            # what an admitted request's response may take back or clear (see `settling`)
+            if (self.route.settles and got.allowed
+                    and any([p.policy.settles for p in step.planned])):
+                state.pending = [*state.pending, *pending_of(step.planned, got)]
+            if decision is UNREACHED:
+                self.version = False
+            else:
+                state.version_seen = True
+                # no store asked, or no version in its reply: `newer_snapshot` reads it
+                version = None if decision is None else decision.version
+                self.version = (False if version is not None and current(version, self.snap)
+                                else version)
         self.verdict = got if self.verdict is None else self.verdict.merged(got)
 
     def stale(self) -> bool:
@@ -202,7 +273,7 @@ def begin(request: Any, scopes: frozenset[str], sender: type,
         return None
     if state is None:
         state = state_for(request)
-    base = http_request(request)
+    base = getattr(request, "_request", request)  # the HttpRequest under a DRF Request
     method = (base.method or "GET").upper()
     return Context(request, base, state, method, scopes, sender, config)
 
@@ -245,14 +316,6 @@ async def _load_user(base: Any) -> None:
         base.user = await auser()
 
 
-def decision_time(state: RequestState) -> float | None:
-    """The time to decide at: the request's own (`RequestState.now`), else the installed
-    clock's (`runtime.decision_time()`: None under the real one, the engine's)."""
-    if state.now is not None:
-        return state.now
-    return runtime.decision_time()
-
-
 # -- the plan: local layers taken, the store's part left ---------------------------------
 
 
@@ -287,50 +350,29 @@ class Step:
         self.verdict: Verdict | None = None
 
 
-def prepare(ctx: Context, policies: Sequence[Any], planned: list[Planned],
-            failed: list[Any], may_wait: bool = True) -> Step:
-    """The step that decides `planned`: refused at once (503) when a policy that cannot
-    identify the client denies; else a place taken when a policy may delay the request,
-    and every in-process layer asked, in order, until one refuses."""
-    state = ctx.state
-    state.charged.update([p.id for p in policies])
-    if failed and denies(failed):
-        # a 503 before any engine is asked: a request refused anyway charges no policy
-        # and takes no place or slot (see `verdict.unidentified`)
-        step = Step(planned, failed, None, None, None)
-        step.verdict = unidentified(planned)
-        return step
-    place = None
-    if may_wait:  # a place to wait in, taken before any turn is
-        planned, place = seat(ctx, planned)
-    step = Step(planned, failed, place, decision_time(state), recorder_for(ctx.config))
-    for p in planned:
-        if p.policy.in_process:
-            break
-    else:
-        # the usual case: every policy is the store's (asked with none too: its reply
-        # carries the policy version)
-        step.shared = planned
-        return step
-    try:
-        _take_local(step)
-    except BaseException:
-        vacate(place)
-        raise
-    return step
-
-
-def _take_local(step: Step) -> None:
+def _take_local(step: Step, per_process_only: bool = False, lone: bool = False) -> None:
     """Each in-process layer takes its policies: the adaptive ones first (a refusal there
     is the cheapest), then the per-process ones; the store's part is left when all
-    admit and it has any."""
+    admit and it has any. The route says when every policy is counted per process
+    (`per_process_only`: none to sort), and when that is one policy (`lone`: the
+    request's only layer, whose charge nothing refunds)."""
+    if lone:
+        local = get_local_engine()
+        started = time.perf_counter()
+        decision = local.take_one(step.planned[0].limit, step.now)
+        step.taken.append(Taken(local, step.planned, decision, None,
+                                time.perf_counter() - started))
+        return  # no store part: `step.shared` stays None
     learned: list[Planned] = []
     own: list[Planned] = []
     shared: list[Planned] = []
-    for p in step.planned:
-        policy = p.policy
-        (learned if policy.learned else own if policy.counting == PER_PROCESS
-         else shared).append(p)
+    if per_process_only:
+        own = step.planned
+    else:
+        for p in step.planned:
+            policy = p.policy
+            (learned if policy.learned else own if policy.counting == PER_PROCESS
+             else shared).append(p)
     layers: list[tuple[Callable[[], LocalLayer], list[Planned]]] = [
         (get_adaptive_engine, learned), (get_local_engine, own)]
     for i, (engine_of, mine) in enumerate(layers):
@@ -377,31 +419,6 @@ async def asend(step: Step) -> tuple[Any, Decision | EngineError]:
 # -- the judgement --------------------------------------------------------------------
 
 
-def finish(ctx: Context, snap: Snapshot, step: Step,
-           reply: tuple[Any, Decision | EngineError] | None,
-           settles: bool = True) -> tuple[Verdict, Any]:
-    """The verdict on a step, and what its store's reply said of the policy version:
-    False when `snap` is current (or the store was out of reach: the version waits for
-    it), else the version to look for (None: the reply carried none). `settles`: some
-    policy of the step may wait for its response (the route says)."""
-    if step.verdict is not None:  # refused before any engine was asked
-        return step.verdict, False
-    verdict, decision = judge_step(ctx, step, reply)
-    state = ctx.state
-    if step.place is not None:
-        settle(state, step.place, verdict)
-    # what an admitted request's response may take back or clear (see `settling`)
-    if settles and verdict.allowed and any([p.policy.settles for p in step.planned]):
-        state.pending = [*state.pending, *pending_of(step.planned, verdict)]
-    if decision is UNREACHED:
-        return verdict, False
-    state.version_seen = True
-    version = None if decision is None else decision.version
-    if current(version, snap):
-        return verdict, False
-    return verdict, version
-
-
 def judge_step(ctx: Context, step: Step,
                reply: tuple[Any, Decision | EngineError] | None) -> tuple[Verdict, Any]:
     """(verdict, the store's decision: None when it was not asked, `UNREACHED` when it
@@ -420,21 +437,17 @@ def judge_step(ctx: Context, step: Step,
         outer = taken
     else:
         inner = taken[-1]
-        verdict = _verdict(ctx, inner.own, inner.decision, step.failed, step.undecided)
+        verdict = judge(ctx.request, ctx.state, inner.own, inner.decision, step.failed,
+                        ctx.sender, ctx.config, prior=step.undecided)
         _held(ctx, step, inner)
         outer = taken[:-1]
     for layer in reversed(outer):
         if not verdict.allowed and layer.receipt is not None:
             layer.decision = layer.engine.refund(layer.receipt)
-        verdict = verdict.merged(_verdict(ctx, layer.own, layer.decision, ()))
+        verdict = verdict.merged(judge(ctx.request, ctx.state, layer.own, layer.decision,
+                                       (), ctx.sender, ctx.config))
         _held(ctx, step, layer)
     return verdict, decision
-
-
-def _verdict(ctx: Context, planned: Sequence[Planned], decision: Decision,
-             failed: Sequence[Any], prior: tuple[PolicyOutcome, ...] = ()) -> Verdict:
-    return judge(ctx.request, ctx.state, planned, decision, failed, ctx.sender, ctx.config,
-                 prior=prior)
 
 
 def _held(ctx: Context, step: Step, layer: Taken) -> None:
@@ -463,7 +476,8 @@ def _judged(ctx: Context, step: Step, shared: list[Planned], engine: Any,
         watchdog.answered()
     if decision.token is not None:
         hold(ctx.state, engine, decision)
-    return _verdict(ctx, shared, decision, step.failed)
+    return judge(ctx.request, ctx.state, shared, decision, step.failed, ctx.sender,
+                 ctx.config)
 
 
 def _unreached(ctx: Context, step: Step, shared: list[Planned], engine: Any,

@@ -237,10 +237,12 @@ def count_in_store(engine: Holder, decision: Decision, now: float | None) -> Non
     """Count a decision made in process by `engine` (an adaptive or per-process policy)
     in the store's counters and offenders too, so the admin and `ratelimits status`
     show it; unless `engine` is the store (it counted it already)."""
-    try:
-        store: Engine = get_engine()
-    except Exception:  # a cluster out of reach: the count is lost, never the request
-        return
+    store = _engine  # built: no call to ask for it (a request per process builds it)
+    if store is None:
+        try:
+            store = get_engine()
+        except Exception:  # a cluster out of reach: the count is lost, never the request
+            return
     if store is not engine:
         store.count_locally(decision, int((time.time() if now is None else now) * 1_000_000))
 

@@ -327,16 +327,23 @@ def current(version: int | None, snap: Snapshot) -> bool:
 
 
 def newer_snapshot(
-    version: int | None, snap: Snapshot, config: Mapping[str, Any]
+    version: int | None, snap: Snapshot, config: Mapping[str, Any],
+    monotonic: float | None = None,
 ) -> Snapshot | None:
     """The snapshot of a policy version newer than `snap`'s, if one was built.
 
     `version` is what the store's reply carried; None when nothing carried it (no store
     call, or one answered in process), and then it is read, at most once per
     `VERSION_EVERY` per process, by one request at a time (the others go on with the
-    snapshot they have).
+    snapshot they have). `monotonic`: the clock's reading the request began at, if the
+    caller has it (else read).
     """
     if version is None:
+        # most requests find it read less than a second ago: no lock to claim
+        if monotonic is None:
+            monotonic = runtime.clock().monotonic()
+        if monotonic - process.version_at < VERSION_EVERY:
+            return None
         lock = _claim()
         if lock is None:
             return None

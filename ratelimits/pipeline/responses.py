@@ -115,10 +115,20 @@ def rejection_response(request: Any, verdict: Verdict) -> HttpResponse:
 def decorate(state: RequestState, response: Any) -> Any:
     """Add the rate-limit headers of every decision taken for this request, or of the
     policies that refused it (`RequestState.refused_by`); a view that returns something
-    else than a response (a decorated helper) gets none."""
-    if state.outcomes and isinstance(response, HttpResponseBase):
-        outcomes = state.outcomes if state.refused_by is None else state.refused_by
-        apply_headers(response, outcomes, get_config()["HEADERS"])
+    else than a response (a decorated helper) gets none. The headers are those of the
+    closest enforced limit (`closest`), in the `HEADERS` style; what a view set is never
+    overwritten."""
+    if not state.outcomes or not isinstance(response, HttpResponseBase):
+        return response
+    style = get_config()["HEADERS"]
+    if style == "none":
+        return response
+    chosen = closest(state.outcomes if state.refused_by is None else state.refused_by)
+    if chosen is not None:
+        headers = response.headers
+        for name, value in rate_headers(chosen, style).items():
+            if name not in headers:
+                headers[name] = value
     return response
 
 
@@ -174,8 +184,12 @@ def rate_headers(outcome: PolicyOutcome, style: str) -> dict[str, str]:
     # The draft's quota: `q` units per `w` seconds. For the buckets and gcra that is the
     # sustained rate (limit per period), not the burst a client may spend at once.
     quota = limit.limit
-    remaining = max(0, int(result.remaining))
-    reset = _seconds(result.reset_after if result.allowed else result.retry_after)
+    remaining = int(result.remaining)
+    if remaining < 0:
+        remaining = 0
+    reset = math.ceil(result.reset_after if result.allowed else result.retry_after)
+    if reset < 0:
+        reset = 0
     headers: dict[str, str] = {}
     if style in ("ietf", "both"):
         name, policy = _policy_field(outcome.policy.name, quota, limit.period,
@@ -187,16 +201,3 @@ def rate_headers(outcome: PolicyOutcome, style: str) -> dict[str, str]:
         headers["X-RateLimit-Remaining"] = str(remaining)
         headers["X-RateLimit-Reset"] = str(reset)
     return headers
-
-
-def apply_headers(response: Any, outcomes: Iterable[PolicyOutcome], style: str) -> None:
-    """Add the headers of the closest enforced limit; never overwrite what a view set."""
-    if style == "none":
-        return
-    chosen = closest(outcomes)
-    if chosen is None:
-        return
-    headers = response.headers
-    for name, value in rate_headers(chosen, style).items():
-        if name not in headers:
-            headers[name] = value

@@ -23,7 +23,7 @@ from ratelimits import runtime
 from ratelimits.conf import get_config
 from ratelimits.matching.keykinds import KEY_KINDS
 from ratelimits.matching.paths import normalize_path
-from ratelimits.pipeline.compiled import Snapshot
+from ratelimits.pipeline.compiled import PER_PROCESS, Snapshot
 from ratelimits.pipeline.declared import SCOPES_ATTR
 from ratelimits.pipeline.report import log_safe
 from ratelimits.pipeline.resolver import resolver
@@ -38,8 +38,9 @@ ROUTES_KEPT = 2_048
 class Route:
     """What requests of one method and path ask of one snapshot (see `route_of`)."""
 
-    __slots__ = ("admin", "calls_code", "deferred", "may_wait", "overridden", "path",
-                 "policies", "reads_user", "redirect", "settles")
+    __slots__ = ("admin", "alone", "calls_code", "deferred", "lone", "may_wait",
+                 "overridden", "path", "per_process_only", "policies", "reads_user",
+                 "redirect", "settles")
 
     def __init__(self, base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> None:
         path_info = base.path_info
@@ -54,6 +55,9 @@ class Route:
         self.admin = under_admin(base)
         #: CommonMiddleware answers it with a redirect to the path with a slash.
         self.redirect = not path_info.endswith("/") and redirects_with_slash(base)
+        #: Such a request may be left alone whatever `EXEMPT` says (`left_alone`): other
+        #: routes skip the question unless `EXEMPT` is set.
+        self.alone = self.redirect or self.admin
         kinds = {p.key_spec.kind for p in policies}
         #: A key reads the user (an async stack loads it first), a key or a cost function
         #: runs code of the user's (an async stack plans in a thread), a policy has
@@ -66,6 +70,11 @@ class Route:
         #: a policy may admit with a delay (a place in the waiting room is taken first).
         self.settles = any(p.settles for p in policies)
         self.may_wait = any(p.may_wait for p in policies)
+        #: Every policy is decided in the per-process engine (no layer to sort them by);
+        #: `lone`: there is one, the request's only layer (nothing to refund it for).
+        self.per_process_only = bool(policies) and all(
+            p.counting == PER_PROCESS and not p.learned for p in policies)
+        self.lone = self.per_process_only and len(policies) == 1
 
 
 #: The scopes of a request outside DRF: only policies without a scope apply.
@@ -89,16 +98,6 @@ def route_of(base: Any, method: str, scopes: frozenset[str], snap: Snapshot) -> 
             routes.clear()  # many paths: start again rather than grow
         routes[key] = route
     return route
-
-
-def defers(ctx: Context, route: Route) -> bool:
-    """Whether the middleware leaves the request to its view's `PolicyThrottle` or
-    `@ratelimit`, which decides the unscoped and the scoped policies in one call."""
-    ctx.state.middleware = True
-    if route.deferred:
-        ctx.state.deferred = True
-        return True
-    return False
 
 
 def asks(ctx: Context, route: Route) -> bool:

@@ -8,6 +8,7 @@ import pytest
 
 from ratelimits.engine import ALGORITHMS, Limit, MemoryEngine
 from ratelimits.engine.registry import REGISTRY
+from ratelimits.engine.types import CHARGE, RESERVE, Outcome
 from tests.engine.conftest import T0
 
 
@@ -69,3 +70,44 @@ def test_decide_records_no_counters():
     engine = MemoryEngine()
     engine.decide([engine.prepare(Limit("x", "gcra", 1, 1, name="p"))], T0)
     assert engine.counters("p", int(T0 // 60)) == {}
+
+
+def _one_limit(rng: random.Random, client: str) -> Limit:
+    """One limit of a random algorithm, shadow or enforced, sometimes with a lockout or a
+    reservation (which `take_one` leaves to `take`)."""
+    algorithm = rng.choice(ALGORITHMS)
+    limit = rng.randint(1, 6)
+    spec = REGISTRY[algorithm]
+    burst = rng.choice([None, limit + rng.randint(0, 3)]) if spec.has_burst else None
+    return Limit(client, algorithm, limit, rng.choice([1.0, 2.5, 10.0]), burst=burst,
+                 cost=rng.choice([1, 1, 2]) if limit > 1 else 1,
+                 shadow=rng.random() < 0.3, name="p",
+                 lockout=rng.choice([0.0, 0.0, 0.0, 3.0]),
+                 stage=CHARGE if spec.delays or spec.holds_slots else rng.choice(
+                     [CHARGE, CHARGE, RESERVE]))
+
+
+@pytest.mark.parametrize("counted", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_take_one_decides_as_take_of_one_limit(seed, counted):
+    """The per-process request's one limit (`take_one`, which assembles its decision
+    itself) is decided, charged and counted as `take([limit])` decides it, refusals,
+    shadow and delays included."""
+    rng = random.Random(seed)
+    limits = {c: _one_limit(rng, c) for c in "abcd"}
+    batch = MemoryEngine(counted=counted)
+    one = MemoryEngine(counted=counted)
+    now = T0
+    outcomes = set()
+    for _ in range(300):
+        now += rng.choice([0.0, 0.0, 0.05, 0.3, 1.7])
+        limit = limits[rng.choice("abcd")]
+        expected, _ = batch.take([limit], now)
+        got = one.take_one(limit, now)
+        assert got == expected
+        assert (got.token is None) == (expected.token is None)
+        assert got.reserved_us == expected.reserved_us
+        outcomes.add(got.results[0].outcome)
+    minute = int(now // 60)
+    assert one.counters("p", minute) == batch.counters("p", minute)
+    assert Outcome.ADMITTED in outcomes and outcomes & {Outcome.REJECTED, Outcome.WOULD_REJECT}

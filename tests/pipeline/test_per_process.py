@@ -13,6 +13,7 @@ from ratelimits import signals
 from ratelimits.engine import Limit, MemoryEngine
 from ratelimits.engine.registry import ALGORITHMS, REGISTRY
 from ratelimits.engine.types import Outcome
+from ratelimits.pipeline.compiled import in_rollout
 from ratelimits.pipeline.engines import get_engine, get_local_engine
 from ratelimits.pipeline.resolver import resolver
 
@@ -81,6 +82,31 @@ def test_its_headers_signals_and_offenders_work_as_for_shared_ones(
     hour = math.floor(time.time() / 3600)
     get_engine().flush()
     assert get_engine().offenders("node", hour) == [("ip:127.0.0.1", 1)]
+
+
+@pytest.mark.parametrize("fields", [{"mode": "shadow"}, {"rollout": 1}],
+                         ids=["shadow", "client outside the rollout"])
+def test_a_lone_per_process_policy_only_watches_a_client_it_does_not_enforce_for(
+    client, make_policy, server, fields
+):
+    """The route's one policy, per process (taken alone by the in-process engine): a
+    client it is not enforced for passes, and its refusals are would-be ones, counted and
+    signalled as such, with no headers of a limit that does not apply to it."""
+    # the test client's address is outside a 1% rollout of "node" (a stable draw)
+    assert not in_rollout("node", "ip:127.0.0.1", 1)
+    make_policy(name="node", limit=1, counting="per_process", path="/hello/", **fields)
+    would: list[str] = []
+    signals.request_would_be_limited.connect(
+        lambda **kw: would.append(kw["policy"]), weak=False
+    )
+    try:
+        responses = [client.get("/hello/") for _ in range(3)]
+    finally:
+        signals.request_would_be_limited.receivers.clear()
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert not [r for r in responses if "RateLimit" in r]
+    assert would == ["node", "node"]
+    assert store_counters("node") == {"a": 1, "w": 2}
 
 
 def test_a_refusal_in_process_spares_the_store(client, make_policy, server):
