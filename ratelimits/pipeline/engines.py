@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django_redis import get_redis_connection
 
 from ratelimits import runtime
 from ratelimits.conf import UPSTREAM_CACHE, get_config
@@ -64,7 +64,10 @@ def redis_client_for(alias: str) -> Any:
     if not is_redis_backend(backend):
         return None
     if backend and backend.startswith("django_redis."):
-        return get_redis_connection(alias, write=True)
+        # a cache object of the limiter's own, as django-redis's get_redis_connection
+        # reads it from `caches[alias]`, but not left in this thread's caches: Django
+        # closes those after every request the thread serves
+        return caches.create_connection(alias).client.get_client(write=True)
     # Django's RedisCache: a client of its own on the same servers, built as the cache
     # builds its own (its RedisCacheClient, from LOCATION and OPTIONS); the first server
     # is the primary, which takes writes.

@@ -125,3 +125,26 @@ def test_a_registered_store_decides_requests(client, make_policy, settings, priv
     assert [client.get("/hello/").status_code for _ in range(2)] == [200, 429]
     assert _Counted.built == before + 1  # built once, then kept for the process
     assert _state_in(private_redis.url) and not _state_in(redis_url)
+
+
+def test_a_cache_alias_is_read_without_opening_it_in_the_requests_thread(client, make_policy):
+    """On the cache's Redis (no store of its own), the limiter builds its client from the
+    alias without leaving the cache open in the thread that built it, so Django does not
+    close it after every request the thread serves (the view uses no cache here)."""
+    import threading
+
+    from django.core.cache import caches
+
+    make_policy(name="on-cache", limit=5, path="/hello/")
+    opened = []
+
+    def serve() -> None:
+        engines.reset_engines()  # built again, in this thread, by its first request
+        assert client.get("/hello/").status_code == 200
+        assert isinstance(get_engine().store, RedisEngine)
+        opened.extend(caches.all(initialized_only=True))
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join()
+    assert opened == []
