@@ -67,7 +67,8 @@ def redis_client_for(alias: str) -> Any:
         # a cache object of the limiter's own, as django-redis's get_redis_connection
         # reads it from `caches[alias]`, but not left in this thread's caches: Django
         # closes those after every request the thread serves
-        return caches.create_connection(alias).client.get_client(write=True)
+        cache: Any = caches.create_connection(alias)  # django-redis's RedisCache
+        return cache.client.get_client(write=True)
     # Django's RedisCache: a client of its own on the same servers, built as the cache
     # builds its own (its RedisCacheClient, from LOCATION and OPTIONS); the first server
     # is the primary, which takes writes.
