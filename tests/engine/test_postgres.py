@@ -158,7 +158,7 @@ def test_a_call_waits_for_a_clients_lock_at_most_the_timeout(postgres_url):
     from ratelimits.engine.keynames import client_key
 
     limit = Limit("held", "fixed_window", 5, 60)
-    engine = PostgresEngine(postgres_url, timeout=0.3)
+    engine = PostgresEngine(postgres_url, timeout=1.0)
     assert engine.evaluate([limit], now=T0).allowed  # the tables
     with psycopg.connect(postgres_url) as holder:
         holder.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
@@ -170,7 +170,9 @@ def test_a_call_waits_for_a_clients_lock_at_most_the_timeout(postgres_url):
         assert engine.evaluate([Limit("free", "fixed_window", 5, 60)], now=T0).allowed
     assert engine.evaluate([limit], now=T0).allowed  # released with the holder's transaction
     engine.close()
-    assert 0.25 <= waited < 0.6, waited  # the lock's 0.3 s, not twice it, not forever
+    # the lock's second (the server's lock_timeout said so), not forever: a call with no
+    # answer at all is given up at twice it, with another message
+    assert 0.95 <= waited < 2.0, waited
 
 
 def test_decisions_need_read_committed_and_say_so(postgres_url):
