@@ -8,7 +8,6 @@ with a pool smaller than the engine's threads, so that calls change server conne
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 from ratelimits.engine import Limit
 from ratelimits.engine.postgres import PostgresEngine
 from tests.engine.conftest import T0
+from tests.engine.test_postgres_workers import LIMIT, race_at_one_instant
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -126,31 +126,10 @@ def test_calls_from_many_threads_never_meet_a_missing_statement(pgbouncer, postg
     assert admitted == [100] * THREADS  # each thread's client: exactly its limit
 
 
-def _hammer(url: str, start, reports) -> None:
-    engine = PostgresEngine(url, timeout=30)
-    limit = Limit("one-key", "fixed_window", 100, 86_400, name="pooled-race")
-    start.wait()
-    reports.append(sum(engine.evaluate([limit], now=T0).allowed for _ in range(100)))
-    engine.close()
-
-
-def test_racing_processes_through_the_pool_admit_exactly_the_limit(pgbouncer, postgres_url):
-    made = PostgresEngine(postgres_url, version_key="v")  # the tables, before the race
-    made.read_version()
-    made.close()
-    ctx = multiprocessing.get_context("fork")
-    start = ctx.Event()
-    with ctx.Manager() as manager:
-        reports = manager.list()
-        procs = [ctx.Process(target=_hammer, args=(pgbouncer, start, reports))
-                 for _ in range(3)]
-        for proc in procs:
-            proc.start()
-        start.set()
-        for proc in procs:
-            proc.join(120)
-            assert proc.exitcode == 0
-        assert sum(reports) == 100
+@pytest.mark.parametrize("algorithm", ["fixed_window", "gcra"])
+def test_racing_processes_through_the_pool_admit_exactly_the_limit(pgbouncer, postgres_url,
+                                                                  algorithm):
+    assert race_at_one_instant(pgbouncer, algorithm) == LIMIT
 
 
 def test_the_sites_own_queries_keep_their_settings(pgbouncer, postgres_url):

@@ -113,7 +113,7 @@ def _hammer(url: str, algorithm: str, start, reports, batch: int | None = None) 
     engine.close()
 
 
-def _race(url: str, algorithm: str, batch: int | None = None) -> int:
+def race_at_one_instant(url: str, algorithm: str, batch: int | None = None) -> int:
     """Three processes decide one client at one instant: how many they admitted."""
     made = PostgresEngine(url, version_key="v")  # its tables, before the race
     made.read_version()
@@ -136,7 +136,7 @@ def _race(url: str, algorithm: str, batch: int | None = None) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", list(CAPACITY))
 def test_three_processes_admit_exactly_the_capacity(postgres_url, algorithm):
-    assert _race(postgres_url, algorithm) == LIMIT
+    assert race_at_one_instant(postgres_url, algorithm) == LIMIT
 
 
 @pytest.mark.slow
@@ -145,4 +145,4 @@ def test_three_processes_leasing_admit_exactly_the_limit(postgres_url, algorithm
     """Leases of 7 (100 is not a multiple: the last grant is partial) taken by racing
     processes: each unit is charged before it is spent, and at one instant no lease
     ends, so every unit leased is spent: exactly the limit, never more."""
-    assert _race(postgres_url, algorithm, batch=7) == LIMIT
+    assert race_at_one_instant(postgres_url, algorithm, batch=7) == LIMIT

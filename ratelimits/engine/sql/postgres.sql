@@ -68,27 +68,6 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT now + greatest(1, ceil(ttl / 1000)) * 1000 $
 CREATE OR REPLACE FUNCTION ratelimits_floor0_v1(x float8) RETURNS float8
 LANGUAGE sql IMMUTABLE AS $$ SELECT greatest(0, floor(x + __FLOOR_EPS__)) $$;
 
--- The longest a call waits for a lock (a client's, a row's), `p_ms` milliseconds: for
--- the rest of the call's transaction only, so a server connection goes back to a pool
--- (PgBouncer's) with nothing changed for the next client; nothing when `p_ms` is 0.
--- Also refuses a transaction that is not read committed: each statement of a decision
--- must read what the previous holder of a client's lock committed.
-CREATE OR REPLACE FUNCTION ratelimits_wait_at_most_v1(p_ms int) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state', MESSAGE =
-            'the limiter''s calls need read committed transactions, and this session''s '
-            || 'default is ' || current_setting('transaction_isolation') || ': give the '
-            || 'limiter''s role default_transaction_isolation = ''read committed'', or its '
-            || 'URL options=-cdefault_transaction_isolation=read%20committed';
-    END IF;
-    IF p_ms > 0 THEN
-        PERFORM set_config('lock_timeout', p_ms || 'ms', true);
-    END IF;
-END
-$$;
-
 -- How long until a sliding window refusing `c` units at `elapsed` µs into its window
 -- admits them: once the previous window's weight falls enough, or, when the current
 -- window alone is too full, into the next window (lua/prelude.lua's `sliding_retry`).
@@ -143,12 +122,26 @@ $$;
 
 -- Lock the clients of `p_keys` until the transaction ends: transaction-level advisory
 -- locks, taken in the order of their hashes, so that two calls sharing keys wait for
--- each other and never deadlock.
-CREATE OR REPLACE FUNCTION ratelimits_lock_v1(p_keys text[]) RETURNS void
+-- each other and never deadlock; each wait at most `p_ms` milliseconds (0: no bound),
+-- a bound for the rest of the call's transaction only, so that a server connection goes
+-- back to a pool (PgBouncer's) with nothing changed for the next client. A transaction
+-- that is not read committed is refused: each statement of a decision must read what
+-- the previous holder of a client's lock committed.
+CREATE OR REPLACE FUNCTION ratelimits_lock_v1(p_keys text[], p_ms int) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     h int;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_transaction_state', MESSAGE =
+            'the limiter''s calls need read committed transactions, and this session''s '
+            || 'default is ' || current_setting('transaction_isolation') || ': give the '
+            || 'limiter''s role default_transaction_isolation = ''read committed'', or its '
+            || 'URL options=-cdefault_transaction_isolation=read%20committed';
+    END IF;
+    IF p_ms > 0 THEN
+        PERFORM set_config('lock_timeout', p_ms || 'ms', true);
+    END IF;
     FOR h IN SELECT DISTINCT hashtext(x) FROM unnest(p_keys) x ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(__LOCK_SPACE__, h);
     END LOOP;
@@ -207,8 +200,7 @@ DECLARE
 BEGIN
     now := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
     now_us := now;
-    PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
-    PERFORM ratelimits_lock_v1(p_keys);
+    PERFORM ratelimits_lock_v1(p_keys, p_lock_ms);
 
     FOR i IN 1 .. nl LOOP
         key := p_keys[i]; al := p_algos[i];
@@ -482,8 +474,7 @@ DECLARE
     held text[];
     names text[];
 BEGIN
-    PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
-    PERFORM ratelimits_lock_v1(p_keys);
+    PERFORM ratelimits_lock_v1(p_keys, p_lock_ms);
     FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
         names := string_to_array(p_members[i], E'\n');
         SELECT coalesce(array_agg(CASE WHEN p_renew AND mm = ANY (names)
@@ -540,8 +531,7 @@ DECLARE
 BEGIN
     now := coalesce(p_now, floor(extract(epoch FROM clock_timestamp())::float8 * 1000000));
     now_us := now;
-    PERFORM ratelimits_wait_at_most_v1(p_lock_ms);
-    PERFORM ratelimits_lock_v1(p_keys);
+    PERFORM ratelimits_lock_v1(p_keys, p_lock_ms);
     granted := '{}'; win := '{}'; remaining := '{}'; reset_after := '{}';
     retry_after := '{}'; ends_after := '{}'; returned := '{}'; epoch := '{}';
     FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
