@@ -23,7 +23,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimits import runtime
-from ratelimits.conf import UPSTREAM_CACHE, get_config
+from ratelimits.conf import STORE_SETTINGS, UPSTREAM_CACHE, get_config
 from ratelimits.engine.adaptive import AdaptiveEngine
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.deployments import RedisURL, engine_on_client, limiter_client
@@ -279,10 +279,11 @@ def install(engine: MemoryEngine) -> None:
 
 
 def is_shared() -> bool:
-    """Whether limits are shared between processes (REDIS_URL, DATABASE or a Redis-backed
-    cache)."""
+    """Whether limits are shared between processes (a store named by STORE, REDIS_URL or
+    DATABASE, or a Redis-backed cache)."""
     config = get_config()
-    return chosen_store(config) is not None or is_redis_backend(cache_backend(config["CACHE"]))
+    return (any(config[name] is not None for name in STORE_SETTINGS)
+            or is_redis_backend(cache_backend(config["CACHE"])))
 
 
 @runtime.on_reset
