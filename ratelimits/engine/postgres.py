@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import secrets
 import socket
 import threading
@@ -70,7 +71,7 @@ from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 from ratelimits.engine.watch import POLICIES, RESET, ListenWatch, channel, notice
 
-__all__ = ["PostgresEngine", "install_sql", "unsupported"]
+__all__ = ["PostgresEngine", "install_sql", "tables", "unsupported"]
 
 #: The class id of the engine's advisory locks (two-int form, so they never meet a
 #: site's own single-bigint advisory locks): "RLIM".
@@ -106,6 +107,11 @@ def install_sql() -> str:
         text = text.replace(name, f"({literal}::float8)" if isinstance(value, float)
                             else literal)
     return text
+
+
+def tables() -> tuple[str, ...]:
+    """The tables the engine creates, as `install_sql()` names them."""
+    return tuple(re.findall(r"CREATE (?:UNLOGGED )?TABLE IF NOT EXISTS (\w+)", install_sql()))
 
 
 def unsupported(limit: Limit) -> str | None:

@@ -14,6 +14,7 @@ import pytest
 import redis
 from django.test import override_settings
 
+from ratelimits.engine.postgres import tables
 from ratelimits.engine.tally import discard_all
 from ratelimits.pipeline.state import reset_state
 from ratelimits.runtime import using_clock
@@ -85,9 +86,6 @@ def redis_client(redis_url: str) -> redis.Redis:
 
 #: The machine's PostgreSQL (trust auth), where each run makes a database of its own.
 POSTGRES_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
-#: The PostgreSQL engine's tables, emptied before each test that uses `postgres_url`.
-POSTGRES_TABLES = ("ratelimits_state_v1", "ratelimits_counts_v1", "ratelimits_offenders_v1",
-                   "ratelimits_version_v1", "ratelimits_live_v1")
 
 
 @pytest.fixture(scope="session")
@@ -115,14 +113,15 @@ def postgres_server() -> Iterator[str]:
 
 @pytest.fixture
 def postgres_url(postgres_server: str) -> Iterator[str]:
-    """The run's PostgreSQL database with the engine's tables emptied (those that exist:
-    the first engine creates them), before and after the test."""
+    """The run's PostgreSQL database with the engine's tables (`postgres.tables()`)
+    emptied, those that exist (the first engine creates them), before and after the
+    test."""
     import psycopg
 
     def empty() -> None:
         discard_all()  # counts of engines not closed: never into the next test's tables
         with psycopg.connect(postgres_server, autocommit=True) as conn:
-            there = [t for t in POSTGRES_TABLES
+            there = [t for t in tables()
                      if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0]]
             if there:
                 conn.execute(f"TRUNCATE {', '.join(there)}")
