@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,12 +54,16 @@ def test_one_scrape_sums_the_workers_and_a_dead_worker_keeps_its_counts(
         metrics = tmp_path / "metrics"
         metrics.mkdir()  # empty at each start
         site.env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
+        site.env["MEET_DIR"] = str(tmp_path / "meet")
+        (tmp_path / "meet").mkdir()
         site.start(2, 1, WSGI, "-c", str(CONF))  # -w 2 overrides the file's workers
 
-        answers: list[tuple[int, int]] = []
-        while len(answers) < 8 or len({pid for _, pid in answers}) < 2:
+        # two requests held in the view until both workers are in it: each worker counts
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(site.get, ["/hello/?meet=2"] * 2))
+        assert len({pid for _, pid in answers}) == 2, answers
+        while len(answers) < 8:
             answers.append(site.get("/hello/"))
-            assert len(answers) < 300, "one worker answered every request"
         statuses = [status for status, _ in answers]
         assert statuses == [200] * 5 + [429] * (len(answers) - 5)
 
