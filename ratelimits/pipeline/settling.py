@@ -209,6 +209,9 @@ def finish(request: Any, state: RequestState, response: Any) -> Any:
     if state.holds:
         if getattr(response, "streaming", False):
             # Django calls every entry of _resource_closers from HttpResponseBase.close().
+            # It offers no public hook on one response's end: `request_finished` names no
+            # response (a test client's second request would orphan the first's slots),
+            # and wrapping streaming_content would cost a FileResponse its file_wrapper.
             response._resource_closers.append(
                 lambda: release(request, state, response))
         else:
