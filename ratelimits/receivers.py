@@ -1,6 +1,8 @@
 """Signal receivers: policy, override and group-member changes reach every process; a
-deleted policy's figures go with it; throttle-held slots get freed; a failed or
-successful login marks its request for `charge_on` and `reset_on`."""
+deleted policy's figures go with it; a failed or successful login marks its request for
+`charge_on` and `reset_on`. (The slots a DRF throttle holds without the middleware are
+freed by receivers of the request signals that `release.release_when_finished` connects
+on first use.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_login_failed
-from django.core.signals import request_finished, request_started
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 from django.dispatch import receiver
@@ -21,7 +22,6 @@ from ratelimits.models import Override, Policy
 from ratelimits.ops.reset import forget_figures
 from ratelimits.pipeline.changes import Publication, publish
 from ratelimits.pipeline.declared import registry
-from ratelimits.pipeline.evaluation import release
 from ratelimits.pipeline.resolver import resolver
 from ratelimits.pipeline.settling import mark_signal
 
@@ -94,35 +94,6 @@ def _members_changed(sender: Any, using: str | None = None, **kwargs: Any) -> No
         match__startswith="group:"
     ).exists():
         schedule_policies_changed(using)
-
-
-# Without the middleware, nothing sees the end of a DRF response; the request_finished
-# signal (sent from the response's close()) does, in the same context as the request.
-_finishing: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
-    "ratelimits_finishing", default=None
-)
-
-
-def release_when_finished(request: Any) -> None:
-    pending = _finishing.get()
-    if pending is None:
-        pending = []
-        _finishing.set(pending)
-    pending.append(request)
-
-
-@receiver(request_started, dispatch_uid="ratelimits.request_started")
-def _on_request_started(**kwargs: Any) -> None:
-    _finishing.set([])
-
-
-@receiver(request_finished, dispatch_uid="ratelimits.request_finished")
-def _on_request_finished(**kwargs: Any) -> None:
-    pending = _finishing.get()
-    if pending:
-        for request in pending:
-            release(request)
-        pending.clear()
 
 
 @receiver(user_login_failed, dispatch_uid="ratelimits.login_failed")

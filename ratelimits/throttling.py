@@ -16,9 +16,9 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from ratelimits.pipeline import evaluation, settling
+from ratelimits.pipeline.release import release_when_finished
 from ratelimits.pipeline.state import state_for
 from ratelimits.pipeline.verdict import UNAVAILABLE
-from ratelimits.receivers import release_when_finished
 
 
 class RateLimitStoreUnavailable(APIException):

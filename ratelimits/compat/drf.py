@@ -38,9 +38,9 @@ from ratelimits.matching.identity import client_ip
 from ratelimits.ops.routes import routed_views
 from ratelimits.pipeline import evaluation
 from ratelimits.pipeline.declared import SCOPE_PREFIX, registry
+from ratelimits.pipeline.release import release_when_finished
 from ratelimits.pipeline.state import STATE_ATTR, RequestState, http_request, state_for
 from ratelimits.pipeline.verdict import UNAVAILABLE
-from ratelimits.receivers import release_when_finished
 from ratelimits.throttling import RateLimitStoreUnavailable
 
 __all__ = [

@@ -8,10 +8,13 @@ waiting for the request's body (`time_body`), and not at all for a client error.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from django.core.signals import request_finished, request_started
 
 from ratelimits import runtime
 from ratelimits.engine.adaptive import AdaptiveEngine
@@ -51,6 +54,62 @@ async def arelease(request: Any, state: RequestState | None = None,
                 await engine.arelease(decision)
         except Exception as exc:
             watchdog.release_later(engine, decision, exc)
+
+
+# -- the end of a response no glue layer of ours sees ------------------------------------
+
+#: The requests whose slots wait for the end of their response: those a DRF throttle
+#: decided without the middleware, which nothing of ours sees end. Django sends
+#: `request_finished` from the response's close(), in the request's context, and
+#: `request_started` begins each request with none waiting. Both receivers are connected
+#: on first use: a site that never needs them pays for neither on every request.
+_finishing: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "ratelimits_finishing", default=None)
+_FINISH_UID = "ratelimits.release_when_finished"
+
+
+def release_when_finished(request: Any) -> None:
+    """Release `request`'s slots once its response is finished (or the client went away)."""
+    if not _hooked.on:
+        _hooked.connect()
+    pending = _finishing.get()
+    if pending is None:  # the first such request: it started before the receivers
+        pending = []
+        _finishing.set(pending)
+    pending.append(request)
+
+
+def _request_started(**kwargs: Any) -> None:
+    _finishing.set([])
+
+
+def _request_finished(**kwargs: Any) -> None:
+    pending = _finishing.get()
+    if pending:
+        for request in pending:
+            release(request)
+        pending.clear()
+
+
+class _Hooked:
+    """Whether the two request receivers are connected (`release_when_finished`)."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def connect(self) -> None:
+        request_started.connect(_request_started, dispatch_uid=_FINISH_UID)
+        request_finished.connect(_request_finished, dispatch_uid=_FINISH_UID)
+        self.on = True
+
+    def reset(self) -> None:
+        request_started.disconnect(dispatch_uid=_FINISH_UID)
+        request_finished.disconnect(dispatch_uid=_FINISH_UID)
+        self.on = False
+
+
+_hooked = _Hooked()
+runtime.on_reset(_hooked.reset)
 
 
 def _holds(request: Any, state: RequestState | None) -> Sequence[tuple[Any, Decision]]:
