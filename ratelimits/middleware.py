@@ -23,6 +23,8 @@ class RateLimitMiddleware:
 
     sync_capable = True
     async_capable = True
+    #: Set on an async stack's instance only (see `__init__`).
+    process_view: Any
 
     def __init__(self, get_response: Any) -> None:
         # Django builds the middleware once, when the server loads the app: a RATELIMITS
@@ -32,19 +34,18 @@ class RateLimitMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
-            # Django calls an async stack's view hook as it finds it: no thread for it
-            self.process_view = self._aprocess_view  # type: ignore[method-assign,assignment]
+            # Only an async stack has a view hook (Django looks for one once, when it
+            # loads the middleware): a sync stack never asks whether the view started.
+            self.process_view = self._process_view
 
-    def process_view(self, request: Any, view: Any, args: Any, kwargs: Any) -> None:
+    async def _process_view(self, request: Any, view: Any, args: Any, kwargs: Any) -> None:
         """The view is called next: from here on, its request stays charged whatever the
-        client does (under ASGI a client that goes away cancels the request's task, but
-        not the thread a sync view runs in)."""
+        client does (a client that goes away cancels the request's task, but not the
+        thread a sync view runs in; see `settling.abandoned`). Called as Django finds it,
+        on the event loop."""
         state = getattr(request, STATE_ATTR, None)
         if state is not None:
             state.view_started = True
-
-    async def _aprocess_view(self, request: Any, view: Any, args: Any, kwargs: Any) -> None:
-        RateLimitMiddleware.process_view(self, request, view, args, kwargs)
 
     def _after(self, request: Any, state: RequestState, response: Any) -> Any:
         """A request left to the throttle that DRF answered before its throttles ran (a

@@ -55,8 +55,8 @@ class RequestState:
     pending: Sequence[Any] = ()
     login_failed: bool = False
     logged_in: bool = False
-    #: The view was called (`RateLimitMiddleware.process_view`): from then on, a request
-    #: whose response never comes stays charged.
+    #: The view was called (`RateLimitMiddleware._process_view`, async stacks): from then
+    #: on, a request whose response never comes stays charged.
     view_started: bool = False
     #: The time to decide this request at, when its glue fixes one (a DRF throttle whose
     #: `timer` a test replaced); None: `runtime.decision_time()`.
