@@ -21,15 +21,16 @@ def exempt(request):
 
 
 def hello(request):
-    """The answering worker's pid. With `?meet=N`, the answer waits (10 s at most) until
-    N workers are inside this view at once, each leaving its pid in MEET_DIR: N requests
-    sent together are then answered by N different sync workers, whatever order the
-    kernel hands the connections out in."""
+    """The answering worker's pid. With `?meet=N`, the answer waits until N workers are
+    inside this view at once, each leaving its pid in MEET_DIR (30 s at most: a worker
+    still importing the site on a loaded machine joins late): N requests sent together
+    are then answered by N different sync workers, whatever order the kernel hands the
+    connections out in."""
     wanted = int(request.GET.get("meet", 0))
     if wanted:
         room = Path(os.environ["MEET_DIR"])
         (room / str(os.getpid())).touch()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while len(list(room.iterdir())) < wanted and time.monotonic() < deadline:
             time.sleep(0.01)
     return pid(request)
