@@ -5,7 +5,7 @@ A decision is pure steps around one command: the command built from the limits
 (`contract.encode`), sent and its reply read, the reply read as a Decision
 (`contract.decode`). `RedisEngine` sends it on its blocking client, its asyncio twin
 (`engine.aio`) awaits it; the steps are the same, the twin's own. A lease is one
-command too (`contract.encode_lease`, `decode_lease`). What is rare (the library or
+command too (`lease_contract.encode_lease`, `decode_lease`). What is rare (the library or
 script reloaded, a heartbeat pipelined beside the call, a release) is a flow (`flows`)
 that yields the Redis commands it needs (`transport`), run by both."""
 
@@ -24,13 +24,9 @@ from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.contract import (
     carry,
     decode,
-    decode_lease,
     encode,
-    encode_lease,
-    encode_lease_reset,
     encode_renew,
     note_taken,
-    returned_units,
     version_args,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -50,6 +46,12 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.lease import Grant, Leftover
+from ratelimits.engine.lease_contract import (
+    decode_lease,
+    encode_lease,
+    encode_lease_reset,
+    returned_units,
+)
 from ratelimits.engine.scripts import (
     batch_library,
     batch_source,
@@ -477,7 +479,7 @@ def beating_call(beat: Heartbeat, command: tuple[Any, ...], now: float | None,
 
 
 def granted(limits: Sequence[Limit], back: Sequence[Leftover], reply: Any) -> list[Grant]:
-    """The lease script's reply as one Grant per limit (`contract.decode_lease`)."""
+    """The lease script's reply as one Grant per limit (`lease_contract.decode_lease`)."""
     try:
         return decode_lease(limits, back, reply)
     except ValueError as exc:
