@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from ratelimits.engine import lease_contract
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CLOSED, CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL
@@ -46,12 +47,6 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.lease_contract import (
-    decode_lease,
-    encode_lease,
-    encode_lease_reset,
-    returned_units,
-)
 from ratelimits.engine.scripts import (
     batch_library,
     batch_source,
@@ -377,7 +372,7 @@ class RedisEngine(Acquiring):
         leased limit keeps the units other processes' leases may still spend (see
         `lease`)."""
         if limit.batch is not None:
-            keys, args = encode_lease_reset(self.prefix, limit, self.when(now))
+            keys, args = lease_contract.encode_lease_reset(self.prefix, limit, self.when(now))
             script = lease_script()
             self._exchange(script.command(keys, args), None, now, script)
             return
@@ -440,7 +435,7 @@ class RedisEngine(Acquiring):
         if not limits and not back:
             return []
         script = lease_script()
-        command = script.command(*encode_lease(self.prefix, limits, back, now))
+        command = script.command(*lease_contract.encode_lease(self.prefix, limits, back, now))
         return granted(limits, back, self._exchange(command, None, now, script))
 
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
@@ -450,10 +445,10 @@ class RedisEngine(Acquiring):
         if not back:
             return 0
         script = lease_script()
-        reply = self._exchange(script.command(*encode_lease(self.prefix, (), back, now)),
-                               None, now, script)
+        command = script.command(*lease_contract.encode_lease(self.prefix, (), back, now))
+        reply = self._exchange(command, None, now, script)
         granted((), back, reply)
-        return returned_units(back, reply)
+        return lease_contract.returned_units(back, reply)
 
 
 class Chores:
@@ -481,7 +476,7 @@ def beating_call(beat: Heartbeat, command: tuple[Any, ...], now: float | None,
 def granted(limits: Sequence[Limit], back: Sequence[Leftover], reply: Any) -> list[Grant]:
     """The lease script's reply as one Grant per limit (`lease_contract.decode_lease`)."""
     try:
-        return decode_lease(limits, back, reply)
+        return lease_contract.decode_lease(limits, back, reply)
     except ValueError as exc:
         raise EngineError(str(exc)) from exc
 
