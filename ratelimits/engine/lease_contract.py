@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ratelimits.engine.contract import LEASE_RESET, US, Clock
+from ratelimits.engine.constants import US
+from ratelimits.engine.contract import LEASE_RESET, Clock
 from ratelimits.engine.keynames import cell, period_us, reached_keys, to_us
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.types import Limit

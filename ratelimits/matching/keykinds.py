@@ -1,11 +1,12 @@
 """Every key kind, declared once: how it reads a request, how its argument is checked,
 and the facts the rest of the app asks about it.
 
-A new kind is one `KeyKind` entry in `KEY_KINDS` and a small reader function (with, for
-a kind that takes an argument or reads an operator's text its own way, a function of
-`keysyntax`). Parsing, identifying, the usage message, the admin's help, override
-matches, the async stack's choices and traffic replay all derive from the table. Here is
-what a request runs (the readers, `KeySpec.read`); nothing here imports Django.
+A new kind is one `KeyKind` entry in `KEY_KINDS` and a small reader function; its
+argument's check, and how an operator's text names one of its clients when that is its
+own, are functions of `keysyntax`. Parsing, identifying, the usage message, the admin's
+help, override matches, the async stack's choices and traffic replay all derive from the
+table. What a request runs (the readers, `KeySpec.read`) is here, beside the table.
+Nothing here imports Django.
 """
 
 from __future__ import annotations
