@@ -41,7 +41,8 @@ def admin_index() -> str | None:
 def locks_out_admin(policy: Any, admin_url: str) -> bool:
     """Whether an enforced, unscoped policy limits GET requests to the admin's index: a
     client it refuses cannot open the admin to undo it."""
-    # apps.py imports this module before the app registry is ready: no models at the top
+    # apps.py imports this module (through ratelimits.checks) before the app registry is
+    # ready: no models at the top
     from ratelimits.models import Mode, split_methods
 
     if policy.mode != Mode.ENFORCE or policy.scope:
