@@ -33,11 +33,11 @@ from ratelimits.engine.cluster_fanout import (
     OnClient,
     SlotCall,
 )
+from ratelimits.engine.contract import encode_lease
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.flows import Flow, arun_flow
 from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.lease_contract import encode_lease
 from ratelimits.engine.redis_backend import (
     Chores,
     RedisEngine,

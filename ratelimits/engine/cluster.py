@@ -29,11 +29,15 @@ from ratelimits.engine.contract import (
     FIELDS,
     SlotReply,
     assemble,
+    decode_lease,
     decode_slot,
     encode,
+    encode_lease,
+    encode_lease_reset,
     encode_refund,
     encode_renew,
     note_taken,
+    returned_units,
     spare,
     version_args,
 )
@@ -49,12 +53,6 @@ from ratelimits.engine.keynames import (
     to_us,
 )
 from ratelimits.engine.lease import Grant, Leftover
-from ratelimits.engine.lease_contract import (
-    decode_lease,
-    encode_lease,
-    encode_lease_reset,
-    returned_units,
-)
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.scripts import (
     lease_source,

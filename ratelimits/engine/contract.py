@@ -1,12 +1,11 @@
-"""The contract between Python and the Lua scripts, written once: the arguments a call
-sends, the values it answers, and the constants both sides compute with.
+"""The contract between Python and the Lua scripts, Python's side, written once: each
+call's arguments encoded and its reply decoded, as `layout` lays them out (the scripts
+are generated from the same layout).
 
 `RedisEngine` and the benchmarks in `bench/` encode with `encode()`; every backend turns
-its answer into a `Decision` with `assemble()`; `ratelimits.engine.scripts` builds the
-scripts with the constants and the argument offsets generated from this module. The Redis Cluster
-slot call and its refund, the version bump and the renewal of held slots have their
-layouts and their encoders here too, shared by every engine that sends them; the lease
-call's are in `lease_contract`.
+its answer into a `Decision` with `assemble()`. The Redis Cluster slot call and its
+refund, the renewal of held slots and the leases have their encoders here too, shared by
+every engine that sends them.
 """
 
 from __future__ import annotations
@@ -30,71 +29,22 @@ from ratelimits.engine.keynames import (
     stats_key,
     to_us,
 )
-from ratelimits.engine.lease import LEASE_SECONDS
+from ratelimits.engine.layout import (
+    CHARGE_FIELDS,
+    LEASE_ARGS,
+    LEASE_FIELDS,
+    LEASE_RESET,
+    LIMIT_SPEC,
+    REPLY_HEAD,
+    RESULT_FIELDS,
+    SLOT_HEAD,
+)
+from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts
-from ratelimits.engine.types import REFUND, RESERVE, Decision, Limit, Outcome, Result
+from ratelimits.engine.types import RESERVE, Decision, Limit, Outcome, Result
 
 US = constants.US
-
-#: A batch call's ARGV opens with its plan: one string holding all that repeats from one
-#: call of the same policies to the next (`begin` in lua/check_all.lua parses it once
-#: and keeps it; receiving an argument costs Redis about a third of a GET, so the
-#: call sends one where it sent a value per field). After the plan come only the values
-#: of this call, each present only when needed, in this order: its time (µs; absent: the
-#: server's TIME), its token (when a limit stores named members), and, per window limit
-#: in the limits' order, the client's field in its shard's hashes (`keynames.cell`).
-#: KEYS holds one base key per limit (`keynames.base_key`), then every other key the
-#: script may touch (`keynames.reached_keys`: window hashes, warm-up and lockout states;
-#: the version key; the counters and offenders a call carries, see `carry`), so that a
-#: strict server, which refuses a script a key it was not given, runs it. The script
-#: counts the limits by its plan, not by KEYS.
-#:
-#: The plan: "1" or "0" for each of `PLAN_FLAGS`; the version key and the counters'
-#: prefix ('' = none), each written as its length, ":" and itself; then per limit "|"
-#: and its `LIMIT_SPEC` values joined by "|". `stage` is the limit's `Limit.stage`; a
-#: calendar window's limit carries the window holding the caller's time and the next
-#: one as three boundaries (`calendar.bounds`; 0 otherwise), and the script takes the
-#: one holding its own.
-PLAN_FLAGS = ("has_now", "has_token")
-LIMIT_SPEC = ("algorithm", "limit", "period_us", "burst", "cost", "shadow", "warmup_us",
-              "wait_us", "lockout_us", "stage", "cal0", "cal1", "cal2")
-#: The plans a script keeps parsed before it starts afresh (a plan per set of policies a
-#: request meets, and per calendar window: few).
-PLANS_KEPT = 1_000
-#: After the limits, each count the process tallied alone (`tally`) rides in this order:
-#: kind "c" (a counter: field in `what`) or "o" (an offender: who in `what`).
-CARRY_ARGS = ("kind", "name", "at", "what", "n")
-#: The reply's head, then per limit these values. A limit that refuses has no delay and
-#: one that admits no retry: `wait` is its retry_after when it refused, else its delay
-#: (µs). Whether it admitted is its outcome's (`PASSED`), and every element a reply
-#: carries costs Redis about a fifth of a GET.
-REPLY_HEAD = ("version", "admitted", "now_us")
-RESULT_FIELDS = ("remaining", "reset_after", "wait", "outcome")
-
-#: A lease call's `want` for a key whose client is reset instead (see lua/lease.lua).
-LEASE_RESET = -1
-
-#: Values the script's constants are generated from (Lua name -> Python value).
-LUA_CONSTANTS: dict[str, int | float | str] = {
-    "US": constants.US,
-    "EPS": constants.EPS,
-    "TOKEN_EPS": constants.TOKEN_EPS,
-    "FLOOR_EPS": constants.FLOOR_EPS,
-    "STATS_TTL": constants.STATS_TTL,
-    "OFFENDERS_TTL": constants.OFFENDERS_TTL,
-    "OFFENDERS": constants.OFFENDERS_CAP,
-    "CONCURRENCY_RETRY": constants.CONCURRENCY_RETRY_US,
-    "SPEC": len(LIMIT_SPEC),
-    # one limit's spec in a plan, each value captured
-    "SPEC_PATTERN": "^" + "|([^|]*)" * len(LIMIT_SPEC),
-    "PLANS_KEPT": PLANS_KEPT,
-    "CARRY": len(CARRY_ARGS),
-    "LEASE_US": to_us(LEASE_SECONDS),
-    "LEASE_RESET": LEASE_RESET,
-    # `Limit.stage` as a plan carries it (text)
-    "STAGE_REFUND": str(REFUND),
-}
 
 _NO_WINDOW = (0, 0, 0)
 
@@ -145,7 +95,7 @@ def encode(
     fields: list[str] = []
     specs = []
     members = False
-    clock = Clock(now)
+    clock = _Clock(now)
     for limit in limits:
         key, field = cell(prefix, limit)
         keys.append(key)
@@ -311,14 +261,6 @@ def spare(raw: list[Any], i: int, cost: int) -> None:
 
 # -- Redis Cluster: one slot's decision (lua/slot.lua) and its refund (lua/refund.lua) -----
 
-#: slot.lua's reply: this head, then per limit its `RESULT_FIELDS` and what its charge
-#: wrote (`CHARGE_FIELDS`, '' when nothing), for the refund should another slot refuse.
-SLOT_HEAD = ("admitted", "now_us")
-CHARGE_FIELDS = ("s1", "s2")
-#: refund.lua's ARGV: this head (the charge's time, as slot.lua answered it, and the
-#: request's token), then per key these values; KEYS: one base key per charged limit.
-REFUND_HEAD = ("now_us", "token")
-REFUND_ARGS = ("algorithm", "limit", "period_us", "burst", "cost", "s1", "s2", "field")
 _SLOT_PER = FIELDS + len(CHARGE_FIELDS)
 
 
@@ -395,10 +337,46 @@ def encode_renew(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]],
     return keys, args
 
 
-class Clock:
+# -- leases (lua/lease.lua) --------------------------------------------------------------
+
+
+
+def encode_lease(
+    prefix: str, limits: Sequence[Limit], back: Sequence[Leftover], now: float | None
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one lease call: the give-backs first (so a limit's leftover is
+    back before its new grant is counted), then one lease of `batch` units per limit."""
+    keys: list[str] = []
+    args: list[Any] = ["" if now is None else to_us(now)]
+    clock = _Clock(now)
+    for item in back:
+        key, field = cell(prefix, item.limit)
+        keys.append(key)
+        args += _lease_args(item.limit, 0, item.window, item.units, field, item.epoch, clock)
+    for limit in limits:
+        if limit.batch is None:
+            raise ValueError(f"limit {limit.name or limit.key!r} has no batch to lease")
+        key, field = cell(prefix, limit)
+        keys.append(key)
+        args += _lease_args(limit, limit.batch, "", 0, field, "", clock)
+    return [*keys, *clock.reached(prefix, [*(item.limit for item in back), *limits])], args
+
+
+def encode_lease_reset(prefix: str, limit: Limit, now: float | None
+                       ) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the lease call that resets one client under a leased limit: its
+    count keeps only the units leases may still spend, and units leased before the reset
+    can no longer be given back (see lua/lease.lua)."""
+    key, field = cell(prefix, limit)
+    clock = _Clock(now)
+    return [key, *clock.reached(prefix, [limit])], [
+        "" if now is None else to_us(now), *_lease_args(limit, LEASE_RESET, "", 0, field, "",
+                                                        clock)]
+
+
+class _Clock:
     """The caller's time in µs (`now`, else its clock), read once per call and only when
-    a calendar window needs it: the windows around it go with the call (`bounds`). The
-    lease call (`lease_contract`) reads it too."""
+    a calendar window needs it: the windows around it go with the call (`bounds`)."""
 
     __slots__ = ("now", "us")
 
@@ -415,3 +393,55 @@ class Clock:
         if not limit.calendar:
             return _NO_WINDOW
         return bounds(limit.calendar, limit.zone, self.at())
+
+    def reached(self, prefix: str, limits: Iterable[Limit]) -> list[str]:
+        """The window hashes the lease script may touch for `limits` (declared in KEYS
+        after their base keys, see `keynames.reached_keys`)."""
+        out: list[str] = []
+        for limit in limits:
+            out += reached_keys(prefix, limit, self.at(), exact=self.now is not None,
+                                lease=True)
+        return out
+
+
+def _lease_args(limit: Limit, want: int, window: int | str, units: int,
+                field: str, epoch: int | str, clock: _Clock) -> tuple[Any, ...]:
+    values = (limit.algorithm, limit.limit, period_us(limit), limit.cost, want, window, units,
+              field, epoch, *clock.window(limit))
+    assert len(values) == len(LEASE_ARGS)
+    return values
+
+
+_LEASE_PER = len(LEASE_FIELDS)
+(_GRANTED, _WINDOW, _LEFT, _LEASE_RESET_AFTER, _LEASE_RETRY, _ENDS, _RETURNED, _EPOCH) = (
+    LEASE_FIELDS.index(f) for f in
+    ("granted", "window", "remaining", "reset_after", "retry_after", "ends_after", "returned",
+     "epoch")
+)
+
+
+def decode_lease(
+    limits: Sequence[Limit], back: Sequence[Leftover], reply: Any
+) -> list[Grant]:
+    """The lease script's reply as one `Grant` per limit; ValueError when it is not one."""
+    if not isinstance(reply, list) or len(reply) != 1 + _LEASE_PER * (len(back) + len(limits)):
+        raise ValueError(f"unexpected reply from the lease script: {reply!r}")
+    grants = []
+    for i, limit in enumerate(limits):
+        o = 1 + (len(back) + i) * _LEASE_PER
+        grants.append(Grant(
+            limit=limit,
+            units=int(reply[o + _GRANTED]),
+            window=int(reply[o + _WINDOW]),
+            remaining=int(reply[o + _LEFT]),
+            reset_after=int(reply[o + _LEASE_RESET_AFTER]) / US,
+            retry_after=int(reply[o + _LEASE_RETRY]) / US,
+            ends_after=int(reply[o + _ENDS]) / US,
+            epoch=int(reply[o + _EPOCH]),
+        ))
+    return grants
+
+
+def returned_units(back: Sequence[Leftover], reply: Any) -> int:
+    """How many of the given-back units the store took back (their window still ran)."""
+    return sum(int(reply[1 + i * _LEASE_PER + _RETURNED]) for i in range(len(back)))

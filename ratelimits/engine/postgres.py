@@ -41,7 +41,7 @@ from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.calendar import window
 from ratelimits.engine.constants import US
-from ratelimits.engine.contract import LEASE_RESET, assemble, result_values
+from ratelimits.engine.contract import assemble, result_values
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.heartbeat import BEAT_EVERY, LIVE_TTL
 from ratelimits.engine.keynames import (
@@ -51,6 +51,7 @@ from ratelimits.engine.keynames import (
     period_us,
     to_us,
 )
+from ratelimits.engine.layout import LEASE_RESET
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.postgres_sessions import Sessions
 from ratelimits.engine.registry import REGISTRY

@@ -30,9 +30,9 @@ from ratelimits.engine.constants import (
     TOKEN_EPS,
     US,
 )
-from ratelimits.engine.contract import LEASE_RESET
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.keynames import to_us
+from ratelimits.engine.layout import LEASE_RESET
 from ratelimits.engine.lease import LEASE_SECONDS
 
 __all__ = ["LOCK_SPACE", "Sessions", "install_sql", "tables"]

@@ -5,7 +5,7 @@ A decision is pure steps around one command: the command built from the limits
 (`contract.encode`), sent and its reply read, the reply read as a Decision
 (`contract.decode`). `RedisEngine` sends it on its blocking client, its asyncio twin
 (`engine.aio`) awaits it; the steps are the same, the twin's own. A lease is one
-command too (`lease_contract.encode_lease`, `decode_lease`). What is rare (the library or
+command too (`contract.encode_lease`, `decode_lease`). What is rare (the library or
 script reloaded, a heartbeat pipelined beside the call, a release) is a flow (`flows`)
 that yields the Redis commands it needs (`transport`), run by both."""
 
@@ -18,16 +18,19 @@ from typing import Any, TypeVar
 
 import redis
 
-from ratelimits.engine import lease_contract
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CLOSED, CircuitBreaker
 from ratelimits.engine.constants import STATS_TTL
 from ratelimits.engine.contract import (
     carry,
     decode,
+    decode_lease,
     encode,
+    encode_lease,
+    encode_lease_reset,
     encode_renew,
     note_taken,
+    returned_units,
     version_args,
 )
 from ratelimits.engine.errors import EngineError, EngineUnavailable
@@ -372,7 +375,7 @@ class RedisEngine(Acquiring):
         leased limit keeps the units other processes' leases may still spend (see
         `lease`)."""
         if limit.batch is not None:
-            keys, args = lease_contract.encode_lease_reset(self.prefix, limit, self.when(now))
+            keys, args = encode_lease_reset(self.prefix, limit, self.when(now))
             script = lease_script()
             self._exchange(script.command(keys, args), None, now, script)
             return
@@ -435,7 +438,7 @@ class RedisEngine(Acquiring):
         if not limits and not back:
             return []
         script = lease_script()
-        command = script.command(*lease_contract.encode_lease(self.prefix, limits, back, now))
+        command = script.command(*encode_lease(self.prefix, limits, back, now))
         return granted(limits, back, self._exchange(command, None, now, script))
 
     def give_back(self, back: Sequence[Leftover], now: float | None = None) -> int:
@@ -445,10 +448,10 @@ class RedisEngine(Acquiring):
         if not back:
             return 0
         script = lease_script()
-        command = script.command(*lease_contract.encode_lease(self.prefix, (), back, now))
-        reply = self._exchange(command, None, now, script)
+        reply = self._exchange(script.command(*encode_lease(self.prefix, (), back, now)),
+                               None, now, script)
         granted((), back, reply)
-        return lease_contract.returned_units(back, reply)
+        return returned_units(back, reply)
 
 
 class Chores:
@@ -474,9 +477,9 @@ def beating_call(beat: Heartbeat, command: tuple[Any, ...], now: float | None,
 
 
 def granted(limits: Sequence[Limit], back: Sequence[Leftover], reply: Any) -> list[Grant]:
-    """The lease script's reply as one Grant per limit (`lease_contract.decode_lease`)."""
+    """The lease script's reply as one Grant per limit (`contract.decode_lease`)."""
     try:
-        return lease_contract.decode_lease(limits, back, reply)
+        return decode_lease(limits, back, reply)
     except ValueError as exc:
         raise EngineError(str(exc)) from exc
 

@@ -12,13 +12,13 @@ import hashlib
 from functools import lru_cache
 from importlib import resources
 
-from ratelimits.engine.contract import (
+from ratelimits.engine.layout import (
+    LEASE_ARGS,
     LIMIT_SPEC,
     LUA_CONSTANTS,
     REFUND_ARGS,
     REFUND_HEAD,
 )
-from ratelimits.engine.lease_contract import LEASE_ARGS
 from ratelimits.engine.registry import REGISTRY
 
 __all__ = [
