@@ -92,6 +92,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_duplicates.py
+	$(BIN)/python tools/check_sizes.py
 
 # `make demo PORT=8001` when 8000 is taken.
 PORT ?= 8000

@@ -20,7 +20,12 @@ from django.utils.html import escape, format_html
 
 from ratelimits.admin.overrides import OverrideInline, warn_exempt_everyone
 from ratelimits.admin.store import publication_reported
-from ratelimits.checks import (
+from ratelimits.engine.registry import LEARNED_ALGORITHMS
+from ratelimits.models import Mode, Policy, PolicyDashboard
+from ratelimits.ops import dashboard, observe, routes
+from ratelimits.ops.reset import reset_client
+from ratelimits.pipeline.declared import CODE_FIELDS
+from ratelimits.policy_checks import (
     LOCKOUT_HINT,
     admin_index,
     aimed_lockout_message,
@@ -28,11 +33,6 @@ from ratelimits.checks import (
     lockout_message,
     locks_out_admin,
 )
-from ratelimits.engine.registry import LEARNED_ALGORITHMS
-from ratelimits.models import Mode, Policy, PolicyDashboard
-from ratelimits.ops import dashboard, observe, routes
-from ratelimits.ops.reset import reset_client
-from ratelimits.pipeline.declared import CODE_FIELDS
 from ratelimits.receivers import schedule_policies_changed
 
 #: Fields whose form must refuse 0 itself (the model's own check would then repeat it).

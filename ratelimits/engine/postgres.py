@@ -7,9 +7,8 @@ that two requests never deadlock), checks every limit, and charges all of them o
 each algorithm step for step as its twin in `algorithms.py`, in the same IEEE doubles,
 so the figures are the ones the other engines give. The engine installs its tables and
 functions itself on first use (no migration: the engine knows nothing of Django), and
-talks through connections of its own in autocommit, one per thread, opened again in a
-forked child: a charge is never part of a view's transaction, so the view's rollback
-cannot undo it and a long view cannot hold a client's lock.
+talks through connections of its own in autocommit, one per thread (`postgres_sessions`):
+a charge is never part of a view's transaction.
 
 Changes reach every process as on Redis, within the same half second: the statement
 that bumps the policy version, or resets a client, also sends a `NOTIFY` on the
@@ -31,32 +30,19 @@ server's could name it only inside the call).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import re
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from importlib.resources import files
 from typing import Any
 
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.calendar import window
-from ratelimits.engine.constants import (
-    CONCURRENCY_RETRY_US,
-    EPS,
-    FLOOR_EPS,
-    OFFENDERS_CAP,
-    OFFENDERS_TTL,
-    STATS_TTL,
-    TOKEN_EPS,
-    US,
-)
-from ratelimits.engine.contract import LEASE_RESET, assemble, result_values
-from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
+from ratelimits.engine.constants import US
+from ratelimits.engine.contract import assemble, result_values
+from ratelimits.engine.errors import EngineError
 from ratelimits.engine.heartbeat import BEAT_EVERY, LIVE_TTL
 from ratelimits.engine.keynames import (
     client_key,
@@ -65,53 +51,20 @@ from ratelimits.engine.keynames import (
     period_us,
     to_us,
 )
-from ratelimits.engine.lease import LEASE_SECONDS, Grant, Leftover
+from ratelimits.engine.layout import LEASE_RESET
+from ratelimits.engine.lease import Grant, Leftover
+from ratelimits.engine.postgres_sessions import Sessions
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.tally import Counts, Tally
 from ratelimits.engine.types import Decision, Limit
 from ratelimits.engine.watch import POLICIES, RESET, ListenWatch, channel, notice
 
-__all__ = ["PostgresEngine", "install_sql", "tables", "unsupported"]
+__all__ = ["PostgresEngine", "unsupported"]
 
-#: The class id of the engine's advisory locks (two-int form, so they never meet a
-#: site's own single-bigint advisory locks): "RLIM".
-LOCK_SPACE = 0x524C494D
 #: Every this many calls per process, one call also deletes expired rows, at most
 #: `SWEEP_ROWS` of each table (a bounded DELETE, never a walk of the whole table).
 SWEEP_EVERY = 1_000
 SWEEP_ROWS = 1_000
-
-_SQL_CONSTANTS = {
-    "__EPS__": EPS,
-    "__TOKEN_EPS__": TOKEN_EPS,
-    "__FLOOR_EPS__": FLOOR_EPS,
-    "__CONCURRENCY_RETRY_US__": CONCURRENCY_RETRY_US,
-    "__STATS_TTL__": STATS_TTL,
-    "__OFFENDERS_TTL__": OFFENDERS_TTL,
-    "__OFFENDERS_CAP__": OFFENDERS_CAP,
-    "__LOCK_SPACE__": LOCK_SPACE,
-    "__US__": US,
-    "__LEASE_US__": to_us(LEASE_SECONDS),
-    "__LEASE_RESET__": LEASE_RESET,
-}
-#: The function installed last (`install_sql`): a database without it gets them all.
-NEWEST_FUNCTION = "ratelimits_lease_v1"
-
-
-def install_sql() -> str:
-    """The tables and functions the engine installs, with the shared constants written
-    in (as the Lua scripts get them), so SQL and Python never disagree on one."""
-    text = files("ratelimits.engine").joinpath("sql/postgres.sql").read_text("utf-8")
-    for name, value in _SQL_CONSTANTS.items():
-        literal = repr(value) if isinstance(value, float) else str(int(value))
-        text = text.replace(name, f"({literal}::float8)" if isinstance(value, float)
-                            else literal)
-    return text
-
-
-def tables() -> tuple[str, ...]:
-    """The tables the engine creates, as `install_sql()` names them."""
-    return tuple(re.findall(r"CREATE (?:UNLOGGED )?TABLE IF NOT EXISTS (\w+)", install_sql()))
 
 
 def unsupported(limit: Limit) -> str | None:
@@ -139,38 +92,6 @@ def _windows(limits: Sequence[Limit], now: float | None
             wins.append(None)
             ends.append(None)
     return wins, ends
-
-
-_bounded: Any = None
-
-
-def _bounded_connection() -> Any:
-    """psycopg's `Connection`, whose waits for the server end after its `call_timeout`
-    (seconds; None: no end): a server that accepts a statement and never answers (its
-    processes paused, a proxy holding the call) is given up as the Redis engine gives up
-    after its socket timeout. psycopg raises its `OperationalError` then, and the
-    connection is dropped: what it was doing is unknown."""
-    global _bounded
-    if _bounded is None:
-        import psycopg
-
-        class Bounded(psycopg.Connection[Any]):
-            call_timeout: float | None = None
-
-            def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-                if len(args) < 2 and kwargs.get("timeout") is None:
-                    kwargs["timeout"] = self.call_timeout
-                return super().wait(gen, *args, **kwargs)
-
-        _bounded = Bounded
-    return _bounded
-
-
-class _Connections(threading.local):
-    """Each thread's connection, and the process that opened it."""
-
-    conn: Any = None
-    pid = 0
 
 
 class PostgresEngine(Acquiring):
@@ -203,19 +124,14 @@ class PostgresEngine(Acquiring):
         self._lock_ms = max(1, round(timeout * 1000))
         self.connect_timeout = connect_timeout
         self.breaker = breaker
+        self._sessions = Sessions(conninfo, timeout=timeout, connect_timeout=connect_timeout,
+                                  breaker=breaker)
+        #: One statement, its first row (`Sessions.call`).
+        self._call = self._sessions.call
         #: Whose clock decides a call given no time (`keynames.CLOCKS`): the server's
         #: ("store"), or this process's ("client"), sent with the call.
         self.clock = clock
-        self._local = _Connections()
-        self._installed = False
-        self._lock = threading.Lock()
         self._calls = 0
-        #: Connections a forked child inherited: kept, never closed or collected there,
-        #: since closing one would end its parent's session on the shared socket.
-        self._inherited: list[Any] = []
-        #: Every connection process `_opened_by` opened (each thread's), for `close()`.
-        self._opened: list[Any] = []
-        self._opened_by = os.getpid()
         self.tally = Tally(self._send)
         #: The heartbeat: seconds between two beats, the next one's monotonic time, this
         #: process's name in the group (new in a forked child) and the last count learnt.
@@ -223,102 +139,6 @@ class PostgresEngine(Acquiring):
         self._beat_at = 0.0
         self._member = ""
         self._live: int | None = None
-
-    # -- connections ---------------------------------------------------------------
-
-    def _connection(self) -> Any:
-        local = self._local
-        conn = local.conn
-        if conn is not None and local.pid == os.getpid() and not conn.closed:
-            return conn
-        local.conn = None
-        conn = self._session()
-        local.conn, local.pid = conn, os.getpid()
-        with self._lock:
-            self._forked()
-            self._opened.append(conn)
-        if not self._installed:
-            self._install(conn)
-        return conn
-
-    def _session(self) -> Any:
-        """A new autocommit connection, bounded as the engine's calls are."""
-        # libpq's connect_timeout is whole seconds, and it takes less than 2 as 2. A host
-        # gone or cut off mid-call is found by TCP within a few seconds (keepalives, and
-        # data unacknowledged past the timeout), not by the OS's minutes-long defaults.
-        # Never a statement prepared on the server (psycopg prepares one run five times),
-        # as Django's backend by default: behind PgBouncer in transaction mode the next
-        # call may meet another server connection, where it does not exist.
-        conn = _bounded_connection().connect(self.conninfo, autocommit=True,
-                               prepare_threshold=None,
-                               connect_timeout=max(2, math.ceil(self.connect_timeout)),
-                               keepalives=1, keepalives_idle=1, keepalives_interval=1,
-                               keepalives_count=3,
-                               tcp_user_timeout=max(1000, round(self.timeout * 2000)))
-        # Nothing is set in the session: behind PgBouncer in transaction mode, a setting
-        # would stay on a server connection the site's own queries use next. Each call
-        # bounds its own waits for locks (`SOCKET_TIMEOUT`, in its transaction), and a
-        # call given no answer within twice that is given up here.
-        conn.call_timeout = 2 * self.timeout
-        return conn
-
-    def _install(self, conn: Any) -> None:
-        """Create the tables and functions unless this version's are there, under a lock
-        so that processes starting together do not race on the catalogue."""
-        import psycopg
-
-        with self._lock:
-            if self._installed:
-                return
-            found = conn.execute("SELECT to_regproc(%s) IS NOT NULL",
-                                 (NEWEST_FUNCTION,)).fetchone()[0]
-            if not found:
-                bound, conn.call_timeout = conn.call_timeout, None  # a long statement
-                try:
-                    with conn.transaction():
-                        conn.execute("SET LOCAL statement_timeout = 0")
-                        conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_SPACE,))
-                        conn.execute(install_sql(), prepare=False)
-                except psycopg.errors.InsufficientPrivilege as exc:
-                    raise EngineError(
-                        "the PostgreSQL engine could not create its tables and functions "
-                        f"({exc}): grant the limiter's role CREATE on the first schema of "
-                        "its search_path, or give it a schema of its own (options="
-                        "-csearch_path=<schema>)") from exc
-                finally:
-                    conn.call_timeout = bound
-            self._installed = True
-
-    def _call(self, sql: str, params: Sequence[Any]) -> Any:
-        """Run one statement and return its first row, behind the circuit breaker, with
-        psycopg's errors said as the engine's."""
-        import psycopg
-
-        breaker = self.breaker
-        if breaker is not None and not breaker.allow():
-            raise CircuitOpen("the PostgreSQL store failed repeatedly: calls fail fast "
-                              "for the breaker's cool-down")
-        try:
-            row = self._connection().execute(sql, params).fetchone()
-        except (psycopg.OperationalError, psycopg.errors.QueryCanceled) as exc:
-            self._drop()
-            if breaker is not None:
-                breaker.failure()
-            raise EngineUnavailable(f"PostgreSQL did not answer: {exc}") from exc
-        except psycopg.Error as exc:
-            self._drop()
-            raise EngineError(f"PostgreSQL refused the call: {exc}") from exc
-        if breaker is not None and not breaker.clear:
-            breaker.success()
-        return row
-
-    def _drop(self) -> None:
-        """Forget this thread's connection after a failure (the next call opens one)."""
-        conn = self._local.conn
-        self._local.conn = None
-        if conn is not None and self._local.pid == os.getpid():
-            with contextlib.suppress(Exception):  # a broken connection may fail to close
-                conn.close()
 
     # -- deciding ------------------------------------------------------------------
 
@@ -636,7 +456,7 @@ class PostgresEngine(Acquiring):
         key."""
         if not self.version_key:
             return None
-        return ListenWatch(self._session, channel(self.version_key))
+        return ListenWatch(self._sessions.open, channel(self.version_key))
 
     def announce_reset(self, name: str) -> None:
         """Tell every process's watch that clients of policy `name` were reset, so that
@@ -648,23 +468,10 @@ class PostgresEngine(Acquiring):
     @property
     def client(self) -> Any:
         """This thread's psycopg connection."""
-        return self._connection()
-
-    def _forked(self) -> None:
-        """In a forked child (the lock held): the connections opened so far are the
-        parent's, kept aside and never closed here."""
-        if self._opened_by != os.getpid():
-            self._inherited.extend(self._opened)
-            self._opened, self._opened_by = [], os.getpid()
+        return self._sessions.connection()
 
     def close(self) -> None:
         """Send what is tallied and close every connection this process opened."""
         self.tally.close()
-        with self._lock:
-            self._forked()
-            opened, self._opened = self._opened, []
-        for conn in opened:
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._local.conn = None
+        self._sessions.close()
 

@@ -12,7 +12,7 @@ import hashlib
 from functools import lru_cache
 from importlib import resources
 
-from ratelimits.engine.contract import (
+from ratelimits.engine.layout import (
     LEASE_ARGS,
     LIMIT_SPEC,
     LUA_CONSTANTS,

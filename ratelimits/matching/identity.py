@@ -1,5 +1,6 @@
 """Who is the client: the client IP behind trusted proxies, the user, a key function's
-value, and identities bounded for keys and logs. The key kinds built on these readers
+value, values compared as Django's login compares a username, and identities bounded for
+keys and logs. The key kinds built on these readers
 are declared in `keykinds`.
 
 Nothing here imports Django: requests are read through duck typing (`META`, `GET`,
@@ -16,6 +17,7 @@ import json
 import logging
 import re
 import threading
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "form_field",
     "is_header_name",
     "meta_name",
+    "normalized",
     "parse_trusted_proxies",
     "register_reader",
     "user_pk",
@@ -438,6 +441,22 @@ def bounded(kind: str, value: str) -> str:
         raw = value.encode("utf-8", "surrogatepass")
         return f"{kind}:h:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
     return identity
+
+
+#: Longer values are not normalized: Django's `UsernameField` leaves a value past the
+#: field's max_length as it is (the form refuses it), and NFKC's cost grows with the text.
+_MAX_NORMALIZED = 1024
+
+
+def normalized(text: str) -> str | None:
+    """`text` as Django's login finds the account: `AuthenticationForm`'s username field
+    strips it and NFKC-normalizes it (a name typed in fullwidth or mathematical letters is
+    the plain one), as `create_user()` stores it; then stripped again (NFKC can make a
+    space). Case is kept, as Django's default user model compares it. None when nothing
+    is left; ASCII text is returned unchanged."""
+    if text.isascii() or len(text) > _MAX_NORMALIZED:
+        return text
+    return unicodedata.normalize("NFKC", text).strip() or None
 
 
 def display_identity(identity: str) -> str:

@@ -1,18 +1,18 @@
 """Every key kind, declared once: how it reads a request, how its argument is checked,
 and the facts the rest of the app asks about it.
 
-A new kind is one `KeyKind` entry in `KEY_KINDS` and a small reader function. Parsing,
-identifying, the usage message, the admin's help, override matches, the async stack's
-choices and traffic replay all derive from the table. Nothing here imports Django.
+A new kind is one `KeyKind` entry in `KEY_KINDS` and a small reader function; its
+argument's check, and how an operator's text names one of its clients when that is its
+own, are functions of `keysyntax`. Parsing, identifying, the usage message, the admin's
+help, override matches, the async stack's choices and traffic replay all derive from the
+table. What a request runs (the readers, `KeySpec.read`) is here, beside the table.
+Nothing here imports Django.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
-import re
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -27,9 +27,19 @@ from ratelimits.matching.identity import (
     call_reader,
     client_ip,
     form_field,
-    is_header_name,
     meta_name,
+    normalized,
     user_pk,
+)
+from ratelimits.matching.keysyntax import (
+    code_name,
+    dotted_path,
+    header_name,
+    parameter_name,
+    typed_global,
+    typed_ip,
+    typed_user_or_ip,
+    typed_value,
 )
 
 __all__ = [
@@ -44,7 +54,6 @@ __all__ = [
     "Logged",
     "Proxies",
     "identity_from_text",
-    "normalized",
     "parse_key",
 ]
 
@@ -143,7 +152,7 @@ class KeyKind:
         """The identity an operator means by `value` under this kind (`identity_from_text`)."""
         if self.typed is not None:
             return self.typed(value, ipv6_prefix)
-        return _typed_value(self.name, value, self.normalizes)
+        return typed_value(self.name, value, self.normalizes)
 
 
 class KeyKinds:
@@ -217,22 +226,6 @@ def _text(value: Any) -> str | None:
         return None
     text = (value if isinstance(value, str) else str(value)).strip()
     return text or None
-
-
-#: Longer values are not normalized: Django's `UsernameField` leaves a value past the
-#: field's max_length as it is (the form refuses it), and NFKC's cost grows with the text.
-_MAX_NORMALIZED = 1024
-
-
-def normalized(text: str) -> str | None:
-    """`text` as Django's login finds the account: `AuthenticationForm`'s username field
-    strips it and NFKC-normalizes it (a name typed in fullwidth or mathematical letters is
-    the plain one), as `create_user()` stores it; then stripped again (NFKC can make a
-    space). Case is kept, as Django's default user model compares it. None when nothing
-    is left; ASCII text is returned unchanged."""
-    if text.isascii() or len(text) > _MAX_NORMALIZED:
-        return text
-    return unicodedata.normalize("NFKC", text).strip() or None
 
 
 def _wire_text(value: Any) -> Any:
@@ -329,44 +322,6 @@ def _read_code(request: Any, arg: str, proxies: Proxies) -> str | None:
     return _text(call_reader(arg, request))
 
 
-# -- argument checks ------------------------------------------------------------------
-
-_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", re.ASCII)
-
-
-def _header_name(arg: str) -> str | None:
-    if "_" in arg:
-        # Django folds '-' and '_' together in META, and servers drop '_' headers.
-        return f"header name {arg!r} contains '_'; write '-', e.g. header:X-Api-Key"
-    if not is_header_name(arg):
-        return (
-            f"header name {arg!r} is not a valid HTTP header name; use letters, digits "
-            "and '-', e.g. header:X-Api-Key"
-        )
-    return None
-
-
-def _query_name(arg: str) -> str | None:
-    if any(c.isspace() for c in arg):
-        return f"query parameter name {arg!r} contains whitespace; remove it"
-    return None
-
-
-def _code_name(arg: str) -> str | None:
-    if arg.strip() != arg or not arg:
-        return f"code:{arg!r} must name a limit declared in code, without spaces around it"
-    return None
-
-
-def _dotted_path(arg: str) -> str | None:
-    if not _DOTTED.fullmatch(arg):
-        return (
-            f"{arg!r} is not a dotted Python path; write module.function, "
-            "e.g. call:myapp.keys.tenant"
-        )
-    return None
-
-
 # -- an access log's identities --------------------------------------------------------
 
 
@@ -377,83 +332,35 @@ def _query_from_log(line: Logged, name: str) -> str | None:
     return bounded("query", value) if value else None
 
 
-# -- what an operator types ------------------------------------------------------------
-
-
-def _typed_value(kind: str, value: str, normalizes: bool = False) -> str:
-    text = value.strip()
-    prefix, sep, rest = text.partition(":")
-    if sep and prefix == kind:
-        if rest.startswith("h:"):
-            return text  # already a hashed identity, as the admin and logs show it
-        text = rest
-    if normalizes and text:
-        text = normalized(text.strip()) or ""  # as a request's value is
-    if not text:
-        raise ValueError("the client is empty")
-    return bounded(kind, text)
-
-
-def _typed_ip(value: str, ipv6_prefix: int) -> str:
-    text = value.strip()
-    prefix, sep, rest = text.partition(":")
-    if sep and prefix == "ip":
-        if rest.startswith("h:"):
-            return text
-        text = rest
-    address = client_ip({"REMOTE_ADDR": text.split("/", 1)[0]}, (), ipv6_prefix)
-    if address is None:
-        raise ValueError(f"{value!r} is not an IP address (e.g. 203.0.113.9)")
-    return f"ip:{address}"
-
-
-def _typed_user_or_ip(value: str, ipv6_prefix: int) -> str:
-    text = value.strip()
-    prefix = text.partition(":")[0]
-    if prefix not in ("user", "ip"):
-        try:
-            ipaddress.ip_address(text.split("/", 1)[0])
-            prefix = "ip"
-        except ValueError:
-            prefix = "user"
-    return KEY_KINDS[prefix].from_text(value, ipv6_prefix)
-
-
-def _typed_global(value: str, ipv6_prefix: int) -> str:
-    if value.strip() not in ("global", ""):
-        raise ValueError("this policy counts everyone together: the client is 'global'")
-    return "global"
-
-
 KEY_KINDS = KeyKinds([
     KeyKind("ip", _ip_identity, "ip", hashed=False, from_log=lambda line, arg: line.ip,
             splittable=True,
-            example="ip:203.0.113.7 or ip:203.0.113.0/24", typed=_typed_ip),
+            example="ip:203.0.113.7 or ip:203.0.113.0/24", typed=typed_ip),
     KeyKind("user", _read_user, "user", reads_user=True, from_log=lambda line, arg: line.user,
             splittable=True, example="user:42", names_account=True),
     KeyKind("user_or_ip", _read_user_or_ip, "user_or_ip", hashed=False, reads_user=True,
             from_log=lambda line, arg: line.user or line.ip, splittable=True,
             example="user:42 or ip:203.0.113.0/24", counts_as=("user", "ip"),
-            typed=_typed_user_or_ip),
+            typed=typed_user_or_ip),
     KeyKind("global", _read_global, "global", hashed=False,
-            from_log=lambda line, arg: "global", example="tier:<name>", typed=_typed_global),
-    KeyKind("header", _read_header, "header:<Name>", _header_name,
+            from_log=lambda line, arg: "global", example="tier:<name>", typed=typed_global),
+    KeyKind("header", _read_header, "header:<Name>", header_name,
             "header: needs a header name, e.g. header:X-Api-Key", client_sent=True,
             not_in_log="an access log does not record request headers", normalizes=True),
-    KeyKind("query", _read_query, "query:<name>", _query_name,
+    KeyKind("query", _read_query, "query:<name>", parameter_name,
             "query: needs a query parameter name, e.g. query:api_key", client_sent=True,
             from_log=_query_from_log, log_query=True, aliases=("get",), normalizes=True),
-    KeyKind("post", _read_post, "post:<field>", _query_name,
+    KeyKind("post", _read_post, "post:<field>", parameter_name,
             "post: needs a form field name, e.g. post:username", client_sent=True,
             normalizes=True, names_account=True),
-    KeyKind("call", _read_call, "call:<dotted.path>", _dotted_path,
+    KeyKind("call", _read_call, "call:<dotted.path>", dotted_path,
             "call: needs a dotted path to a function, e.g. call:myapp.keys.tenant",
             calls_code=True, not_in_log="a key function needs the live request"),
     # Each WebSocket connection apart, for the messages it carries (`ratelimits.channels`).
     KeyKind("connection", _read_connection, "connection", example="tier:<name>",
             not_in_log="an access log does not record WebSocket connections"),
     # A function given to `@ratelimit(key=...)` in code, by its declaration's name.
-    KeyKind("code", _read_code, "", _code_name,
+    KeyKind("code", _read_code, "", code_name,
             "code: needs the name of a limit declared in code with a key function",
             calls_code=True),
 ])

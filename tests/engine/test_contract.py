@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from ratelimits.engine import Limit, MemoryEngine, RedisEngine, constants, contract, scripts
-from ratelimits.engine.contract import LIMIT_SPEC, LUA_CONSTANTS, PLAN_FLAGS, encode
+from ratelimits.engine import Limit, MemoryEngine, RedisEngine, constants, contract, layout, scripts
+from ratelimits.engine.contract import encode
 from ratelimits.engine.keynames import base_key, cell, client_key, clock_of, lock_key
+from ratelimits.engine.layout import LIMIT_SPEC, LUA_CONSTANTS, PLAN_FLAGS
 from ratelimits.engine.types import RESERVE
 from tests.engine.conftest import T0
 
@@ -45,7 +46,7 @@ def parsed(args: list) -> tuple[dict, list[dict], list]:
 
 def test_the_script_obeys_a_changed_constant(redis_client, monkeypatch):
     """The offenders cap reaches Redis from Python: shrink it and the list shrinks."""
-    monkeypatch.setitem(contract.LUA_CONSTANTS, "OFFENDERS", 3)
+    monkeypatch.setitem(layout.LUA_CONSTANTS, "OFFENDERS", 3)
     scripts.batch_source.cache_clear()
     scripts.batch_library.cache_clear()
     scripts.offend_source.cache_clear()  # the offenders' script, sent with the counts
@@ -189,7 +190,7 @@ def test_key_names_of_any_text_reach_the_script(redis_client):
 def test_plans_past_those_the_library_keeps_are_parsed_again(redis_client, monkeypatch):
     """The library keeps PLANS_KEPT parsed plans, then starts afresh: a plan it dropped
     is parsed again, and every call decides as the in-process engine does."""
-    monkeypatch.setitem(contract.LUA_CONSTANTS, "PLANS_KEPT", 2)
+    monkeypatch.setitem(layout.LUA_CONSTANTS, "PLANS_KEPT", 2)
     scripts.batch_source.cache_clear()
     scripts.batch_library.cache_clear()
     try:

@@ -20,7 +20,8 @@ from ratelimits.engine import Limit
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.errors import CircuitOpen, EngineError, EngineUnavailable
 from ratelimits.engine.local_first import LocalFirst
-from ratelimits.engine.postgres import LOCK_SPACE, PostgresEngine
+from ratelimits.engine.postgres import PostgresEngine
+from ratelimits.engine.postgres_sessions import LOCK_SPACE
 from ratelimits.pipeline.engines import conninfo_of, get_engine, is_shared, postgres_conninfo
 from tests.engine.conftest import LOADED, T0
 

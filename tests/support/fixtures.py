@@ -14,7 +14,7 @@ import pytest
 import redis
 from django.test import override_settings
 
-from ratelimits.engine.postgres import tables
+from ratelimits.engine.postgres_sessions import tables
 from ratelimits.engine.tally import discard_all
 from ratelimits.pipeline.state import reset_state
 from ratelimits.runtime import using_clock
@@ -113,7 +113,7 @@ def postgres_server() -> Iterator[str]:
 
 @pytest.fixture
 def postgres_url(postgres_server: str) -> Iterator[str]:
-    """The run's PostgreSQL database with the engine's tables (`postgres.tables()`)
+    """The run's PostgreSQL database with the engine's tables (`postgres_sessions.tables()`)
     emptied, those that exist (the first engine creates them), before and after the
     test."""
     import psycopg
