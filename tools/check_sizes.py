@@ -1,10 +1,10 @@
 """Fail when a module of the package is too long: `make lint` runs this after the check
 for repetitions.
 
-No module of `ratelimits/` has more than `MOST` lines (issue 43). A module that grows past
-it is split by responsibility, into modules a reader would look for apart, not cut in
-halves; a module on the request path keeps what a request runs, so that a request enters
-no more modules than before (`bench/calls.py --walk`).
+No module of `ratelimits/` has more than `MOST` lines. A module that grows past it is
+split by responsibility, into modules a reader would look for apart, not cut in halves; a
+module on the request path keeps what a request runs, so that a request enters no more
+modules than before (`bench/calls.py --walk`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ratelimits"
 #: The most lines a module may have.
 MOST = 500
-RULE = f"no module of the ratelimits package over {MOST} lines (issue 43)"
+RULE = f"no module of the ratelimits package over {MOST} lines"
 
 
 def too_long() -> list[tuple[str, int]]:
