@@ -40,7 +40,7 @@ def app() -> Celery:
 
 @pytest.mark.django_db
 def test_a_task_out_of_retries_raises_limited_as_celery_raises_the_retried_exception(app):
-    @app.task(bind=True, max_retries=0)
+    @app.task(bind=True, max_retries=0, name="eager.partner")  # a name of its own each
     @limited_task("eager-partner", rate="1/h", timeout=0)
     def send(self, n):
         return n
@@ -57,7 +57,7 @@ def test_a_task_out_of_retries_raises_limited_as_celery_raises_the_retried_excep
 def test_a_key_function_of_the_arguments_counts_each_tenant_apart(app):
     ran = []
 
-    @app.task(bind=True, max_retries=0)
+    @app.task(bind=True, max_retries=0, name="eager.tenant")
     @limited_task("eager-tenant", rate="1/h", key=lambda tenant, **_: tenant, timeout=0)
     def send(self, tenant, note=""):
         ran.append(tenant)
@@ -69,7 +69,7 @@ def test_a_key_function_of_the_arguments_counts_each_tenant_apart(app):
 
 
 def test_a_task_it_cannot_retry_is_refused_saying_what_to_fix(app):
-    @app.task  # not bound: it has no `self.retry`
+    @app.task(name="eager.unbound")  # not bound: it has no `self.retry`
     @limited_task("eager-unbound", rate="1/h")
     def send(n):
         return n
