@@ -135,9 +135,7 @@ class MemoryEngine(Acquiring):
             store = self._store
             if now_f >= store.next_due:
                 store.sweep(now_f)
-            r = p.check(store, p.key, now_f, p.limit, p.period_us, p.burst, p.cost)
-            if r[ALLOWED]:
-                p.commit(store, p.key, now_f, p.period_us, p.cost, r, "")
+            r = charge(store, (p,), now_f)[1][0]  # one limit: its check is all or nothing
             version = self._version if self.version_key else None
         return _assembled_one(limit, r[ALLOWED], r[REMAINING], r[RESET_AFTER], r[RETRY_AFTER],
                             r[DELAY], version)
