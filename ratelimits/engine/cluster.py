@@ -155,11 +155,12 @@ class ClusterEngine(Acquiring):
             keys, args, _ = encode(mine, prefix=self.prefix, now=now, stats=False,
                                    token=token or None)
             calls[slot] = SlotCall(self._slot, keys, args, window_keys(self.prefix, mine, now))
-        if self.version_key:
-            calls[_VERSION] = SlotCall(None, [self.version_key], [])
+        # the version rides along where it costs no node more (else the caller reads it
+        # now and then: `read_version`)
+        rider = (_VERSION, SlotCall(None, [self.version_key], [])) if self.version_key else None
         reached: dict[int, Any] = {}
         try:
-            replies = yield from self._beating(calls, now, reached)
+            replies = yield from self._beating(calls, now, reached, rider)
         except EngineUnavailable as exc:
             yield from self._refund_reached(limits, groups, reached, token)
             note_taken(limits, token, exc)  # a node that timed out may run it later
@@ -169,7 +170,7 @@ class ClusterEngine(Acquiring):
         if not admitted and undo:
             yield from self.refunding(limits, groups, undo, token, raw)
         version = None
-        if self.version_key:
+        if _VERSION in replies:
             v = replies[_VERSION]
             version = int(v) if v is not None else 0
         decision = assemble(limits, raw, admitted=admitted, version=version,
@@ -260,14 +261,16 @@ class ClusterEngine(Acquiring):
         return replies[_VERSION]
 
     def _beating(self, calls: dict[int, SlotCall], now: float | None,
-                 reached: dict[int, Any] | None = None) -> Flow[dict[int, Any]]:
-        """The fan-out of `calls`, with the heartbeat's call among them when one is due."""
+                 reached: dict[int, Any] | None = None,
+                 rider: tuple[int, SlotCall] | None = None) -> Flow[dict[int, Any]]:
+        """The fan-out of `calls` (and `rider`, see `SlotFanout.run`), with the heartbeat's
+        call among them when one is due."""
         beat = self.heartbeat
         if beat is None or not beat.due():
-            return (yield from self.fanout.run(calls, reached))
+            return (yield from self.fanout.run(calls, reached, rider))
         calls[_LIVE] = SlotCall(self._live, [beat.key], beat.args(now))
         try:
-            replies = yield from self.fanout.run(calls, reached)
+            replies = yield from self.fanout.run(calls, reached, rider)
         except EngineError:
             beat.missed()
             raise

@@ -39,6 +39,7 @@ from ratelimits.engine.keynames import base_key, cell, lock_key, to_us, windows
 from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.transport import UNAVAILABLE_ERRORS, Pipelined
 from ratelimits.engine.types import Limit
+from ratelimits.engine.wire import wire_of
 
 __all__ = [
     "REFRESH_EVERY",
@@ -175,28 +176,31 @@ class SlotFanout:
             raise EngineUnavailable(str(exc) or type(exc).__name__) from exc
         self._stale = False
 
-    def run(self, calls: dict[int, SlotCall], reached: dict[int, Any] | None = None
-            ) -> Flow[dict[int, Any]]:
+    def run(self, calls: dict[int, SlotCall], reached: dict[int, Any] | None = None,
+            rider: tuple[int, SlotCall] | None = None) -> Flow[dict[int, Any]]:
         """Each slot's final reply to its call (`calls`: slot -> call; a negative id routes
         by its call's first key). A call the cluster redirected or whose script the node
-        lacked was not run: it goes again (`_follow`).
+        lacked was not run: it goes again (`_follow`). `rider` (an id and its call) goes
+        only where it costs no node more: to a node `calls` already reach, or alone when
+        there are none; its reply is there only when it went.
 
         A node out of reach fails the whole fan-out with EngineUnavailable, after the
         other nodes' replies were read: with `reached`, they are left there for the
         caller (to refund what they charged)."""
         if self._stale:
             yield OnClient(self.refresh)
-        jobs, sent_to = self.route(calls)
+        jobs, sent_to = self.route(calls, rider)
         try:
             replies: dict[int, Any] = yield Exchange(jobs, calls)
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
         return (yield from self._settle(replies, calls, sent_to, reached))
 
-    def route(self, calls: dict[int, SlotCall]
+    def route(self, calls: dict[int, SlotCall], rider: tuple[int, SlotCall] | None = None
               ) -> tuple[list[tuple[Any, list[int]]], dict[int, Any]]:
         """Per node, the slots of `calls` it serves (by the client's slot map: no I/O),
-        and each slot's node."""
+        and each slot's node; `rider` among them where it costs no node more (see `run`),
+        added to `calls` then."""
         by_node: dict[str, tuple[Any, list[int]]] = {}
         sent_to: dict[int, Any] = {}
         get_node = self.client.nodes_manager.get_node_from_slot
@@ -204,6 +208,12 @@ class SlotFanout:
             node = sent_to[slot] = get_node(slot if slot >= 0 else
                                             self.client.keyslot(call.keys[0]))
             by_node.setdefault(node.name, (node, []))[1].append(slot)
+        if rider is not None:
+            slot, call = rider
+            node = get_node(self.client.keyslot(call.keys[0]))
+            if not by_node or node.name in by_node:
+                calls[slot], sent_to[slot] = call, node
+                by_node.setdefault(node.name, (node, []))[1].append(slot)
         return list(by_node.values()), sent_to
 
     def _settle(self, replies: dict[int, Any], calls: dict[int, SlotCall],
@@ -353,10 +363,10 @@ class SlotFanout:
         if isinstance(need, Exchange):
             return self._exchange(need.jobs, need.calls)
         if isinstance(need, Pipelined):
-            pipe = self.client.get_redis_connection(need.node).pipeline(transaction=False)
-            for command in need.commands:
-                pipe.execute_command(*command)
-            return pipe.execute(raise_on_error=False)
+            wire = wire_of(self.client.get_redis_connection(need.node))
+            replies: list[Any] = []
+            wire.receive(wire.send(need.commands), len(need.commands), replies)
+            return replies
         if isinstance(need, OnClient):
             return need.call()
         time.sleep(need.seconds)
@@ -364,45 +374,29 @@ class SlotFanout:
 
     def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, SlotCall]
                   ) -> dict[int, Any]:
-        """Write every node's pipeline, then read every reply. Errors are values: a
-        script's error for its slot, a node's failure for each slot sent to it (the
-        other nodes' replies are still read)."""
-        sent: list[tuple[Any, Any, list[int]]] = []
+        """Write every node's pipeline, then read every reply, on each node's `Wire`
+        (connections kept, not checked out of the node's pool for each call). Errors are
+        values: a script's error for its slot, a node's failure for each slot sent to it
+        (the other nodes' replies are still read)."""
         replies: dict[int, Any] = {}
-        broken: list[Any] = []  # connections whose replies may be left unread
+        sent: list[tuple[Any, Any, list[int]]] = []  # written, replies not read yet
         try:
             for node, slots in jobs:
                 try:
-                    server = self.client.get_redis_connection(node)
-                    conn = server.connection_pool.get_connection()
+                    wire = wire_of(self.client.get_redis_connection(node))
+                    sent.append((wire, wire.send([calls[s].command() for s in slots]),
+                                 slots))
                 except UNAVAILABLE_ERRORS as exc:
                     replies.update((s, exc) for s in slots)
-                    continue
-                sent.append((server, conn, slots))
+            while sent:
+                wire, connection, slots = sent.pop(0)
+                got: list[Any] = []
                 try:
-                    conn.send_packed_command(conn.pack_commands(
-                        [calls[s].command() for s in slots]))
-                except UNAVAILABLE_ERRORS as exc:
-                    replies.update((s, exc) for s in slots)
-                    broken.append(conn)
-            for server, conn, slots in sent:
-                if conn in broken:
-                    continue
-                for i, slot in enumerate(slots):
-                    try:
-                        replies[slot] = server.parse_response(conn, "EVALSHA")
-                    except redis.ResponseError as exc:
-                        replies[slot] = exc
-                    except UNAVAILABLE_ERRORS as exc:
-                        replies.update((s, exc) for s in slots[i:])
-                        broken.append(conn)
-                        break
-        except BaseException:
-            broken = [conn for _, conn, _ in sent]
-            raise
+                    wire.receive(connection, len(slots), got)
+                except UNAVAILABLE_ERRORS as exc:  # the replies read before it count
+                    got += [exc] * (len(slots) - len(got))
+                replies.update(zip(slots, got, strict=True))
         finally:
-            for conn in broken:
-                conn.disconnect()
-            for server, conn, _ in sent:
-                server.connection_pool.release(conn)
+            for wire, connection, _ in sent:  # left unread by an error: not reusable
+                wire.drop(connection)
         return replies

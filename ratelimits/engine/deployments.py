@@ -34,7 +34,7 @@ from ratelimits.engine.redis_urls import (
     parse_socket,
     redact_url,
 )
-from ratelimits.engine.transport import polled
+from ratelimits.engine.wire import polled
 
 __all__ = [
     "DEPLOYMENTS",
@@ -240,18 +240,26 @@ def cluster_client(url: RedisURL, socket_timeout: float, connect_timeout: float)
     to handle), yet MOVED and ASK redirections are still followed: redis-py follows them
     inside one command, apart from its retry policy. Building it asks a seed node for the
     slot map, so it needs one reachable node.
+
+    Its nodes' connections keep their socket public (`wire.Polled`): the fan-out's wires
+    poll and write to it. redis-py builds a node's pool with a given connection class
+    only for a client made from a URL, so the first seed also goes as one (`url`, its
+    scheme plain: TLS comes with the connection class, as for a `rediss://` URL).
     """
     from redis.cluster import ClusterNode, RedisCluster
 
-    options = limiter_options(socket_timeout, connect_timeout)
+    options = {**limiter_options(socket_timeout, connect_timeout), **url.options}
     # not RedisCluster options (retry_on_timeout is deprecated there: `retry` decides)
     for name in ("retry_on_error", "health_check_interval", "retry_on_timeout"):
         del options[name]
+    tls = options.pop("ssl", False)
     seeds = [ClusterNode(host, port) for host, port in url.nodes]  # type: ignore[no-untyped-call]
+    host, port = url.nodes[0]
     return RedisCluster(
+        url=f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}",
         startup_nodes=seeds,
+        connection_class=polled(redis.SSLConnection if tls else redis.Connection),
         **options,
-        **url.options,
     )
 
 

@@ -67,10 +67,10 @@ from ratelimits.engine.transport import (
     failed,
     guard,
     guarded,
-    wire_of,
 )
 from ratelimits.engine.types import Decision, Limit
 from ratelimits.engine.watch import RESET_TTL, ChangeWatch, forget_key, watch_connection
+from ratelimits.engine.wire import wire_of
 
 __all__ = ["RedisEngine"]
 

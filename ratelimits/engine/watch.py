@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ratelimits.engine.transport import polled
+from ratelimits.engine.wire import polled
 
 __all__ = ["FLUSHED", "POLICIES", "RESET", "RESET_TTL", "Change", "ChangeWatch", "ListenWatch",
            "channel", "forget_key", "notice", "watch_connection"]
@@ -89,7 +89,7 @@ def _readable(sock: Any) -> bool:
 
 
 class ChangeWatch:
-    """One connection (a redis-py connection whose socket is public, `transport.Polled`)
+    """One connection (a redis-py connection whose socket is public, `wire.Polled`)
     that hears writes to the version key and the reset keys, and flushes.
 
     `open()` connects and asks Redis for the messages; `wait()` waits for one without

@@ -191,13 +191,40 @@ def test_counters_and_offenders_are_tallied_and_flushed(client, engine):
     assert other.offenders("per-user", hour) == [(user.key, 3)]
 
 
+def _beside_version(client, beside: bool) -> Limit:
+    """A limit whose key sits on the version key's node (`beside`), or on another."""
+    home = client.get_node_from_key("rl:version").name
+    for i in range(10_000):
+        limit = Limit(f"ip:{i}", "fixed_window", 5, 60, name="p")
+        if (_node(client, limit) == home) == beside:
+            return limit
+    raise AssertionError("no such key")
+
+
 def test_a_version_bump_is_seen_by_the_next_request(client, engine):
-    limit = Limit("ip:1", "fixed_window", 5, 60, name="p")
+    """The version rides along where it costs no node more: a decision on the version
+    key's node carries it, as does a call with no limit."""
+    limit = _beside_version(client, beside=True)
     assert engine.evaluate([limit], now=T0).version == 0
     version = engine.bump_version()
     assert version > 0
     assert engine.evaluate([limit], now=T0).version == version
     assert engine.evaluate([], now=T0).version == version
+
+
+def test_a_decision_on_other_nodes_leaves_the_version_to_a_read(client, engine):
+    """A decision whose keys sit on other nodes than the version's is not sent to that
+    node as well: it carries no version (the pipeline then reads it now and then, one
+    GET), and the version's node counts no command for it."""
+    limit = _beside_version(client, beside=False)
+    home = client.get_node_from_key("rl:version")
+    version = engine.bump_version()
+    before = client.get_redis_connection(home).info("commandstats").get("cmdstat_get", {})
+    decision = engine.evaluate([limit], now=T0)
+    after = client.get_redis_connection(home).info("commandstats").get("cmdstat_get", {})
+    assert decision.allowed and decision.version is None
+    assert after.get("calls", 0) == before.get("calls", 0)
+    assert engine.read_version() == version
 
 
 def test_lost_scripts_are_loaded_again(client, engine):

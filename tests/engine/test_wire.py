@@ -1,4 +1,4 @@
-"""The engine's own connections (`transport.Wire`): what redis-py's pool guarantees for a
+"""The engine's own connections (`wire.Wire`): what redis-py's pool guarantees for a
 command, kept without the pool: a connection the server closed is reconnected before
 use, a reply left half-read never answers the next call, a forked child starts with no
 connection of its parent's, and commands answer what `execute_command` answers."""
@@ -12,7 +12,8 @@ import redis
 
 from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.errors import EngineUnavailable
-from ratelimits.engine.transport import Command, Wire
+from ratelimits.engine.transport import Command
+from ratelimits.engine.wire import Wire
 
 T0 = 1_800_000_000.0
 
