@@ -131,3 +131,62 @@ def test_a_client_dropped_takes_its_pool_and_wire_with_it(redis_url):
     gc.collect()
 
     assert pool() is None and wire() is None  # nothing keeps them alive
+
+
+def test_a_pipeline_split_in_two_answers_each_command_in_order(redis_client):
+    """`send` writes, `receive` reads: several servers' pipelines can all be written before
+    any reply is read (the cluster's fan-out). An error reply is that command's value,
+    and the connection carries the next call."""
+    redis_client.delete("wire:a", "wire:b")
+    first, second = Wire(redis_client), Wire(redis_client)
+    one = first.send([("SET", "wire:a", "x"), ("INCR", "wire:a"), ("GET", "wire:a")])
+    two = second.send([("INCR", "wire:b")])
+    got_two: list[object] = []
+    second.receive(two, 1, got_two)
+    got_one: list[object] = []
+    first.receive(one, 3, got_one)
+
+    assert got_two == [1]
+    assert got_one[0] == b"OK" and got_one[2] == b"x"
+    assert isinstance(got_one[1], redis.ResponseError)  # not an integer
+    assert first.warm == [one]  # sound: kept for the next command
+    assert first.call(("INCR", "wire:b")) == 2
+
+
+def test_a_failed_receive_keeps_the_replies_read_and_drops_the_connection(private_redis):
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=0.3)
+    wire = Wire(client)
+    control = redis.Redis.from_url(private_redis.url)
+    control.client_pause(2_000, all=False)  # writes wait; reads answer
+    try:
+        connection = wire.send([("GET", "wire:k"), ("SET", "wire:k", "1")])
+        got: list[object] = []
+        with pytest.raises(redis.TimeoutError):
+            wire.receive(connection, 2, got)
+    finally:
+        control.client_unpause()
+
+    assert got == [None]  # the GET's reply, read before the SET timed out
+    assert wire.cold == [connection] and not wire.warm  # its late reply is never read
+    assert wire.call(("INCR", "wire:other")) == 1  # connected again, its own reply
+    client.close()
+    control.close()
+
+
+def test_a_connection_that_cannot_reconnect_is_kept_for_the_next_try(private_redis):
+    """A server down for a while fails each call; the connection that could not reconnect
+    stays the wire's, so a pool of one connection serves again once the server is back."""
+    pool = redis.ConnectionPool.from_url(private_redis.url, max_connections=1,
+                                         socket_timeout=0.5)
+    wire = Wire(redis.Redis(connection_pool=pool))
+    assert wire.call(("INCR", "wire:n")) == 1
+    port = private_redis.port
+    private_redis.stop()
+    for _ in range(3):
+        with pytest.raises(redis.ConnectionError):
+            wire.call(("INCR", "wire:n"))
+    private_redis.port = port
+    private_redis.start()
+
+    assert wire.call(("INCR", "wire:n")) == 1  # a new server: a new count
+    pool.disconnect()
