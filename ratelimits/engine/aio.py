@@ -202,6 +202,8 @@ class AsyncNodes:
                 return [(slot, exc) for slot in slots]
             return list(zip(slots, got, strict=True))
 
+        if len(jobs) == 1:  # one node, the usual case: awaited in place, no task made
+            return dict(await node_calls(*jobs[0]))
         replies: dict[int, Any] = {}
         for pairs in await asyncio.gather(*(node_calls(node, slots) for node, slots in jobs)):
             replies.update(pairs)
