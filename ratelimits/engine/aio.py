@@ -36,7 +36,6 @@ from ratelimits.engine.cluster_fanout import (
 from ratelimits.engine.contract import encode_lease
 from ratelimits.engine.errors import EngineError
 from ratelimits.engine.flows import Flow, arun_flow
-from ratelimits.engine.keynames import base_key
 from ratelimits.engine.lease import Grant, Leftover
 from ratelimits.engine.redis_backend import (
     Chores,
@@ -249,36 +248,10 @@ class AsyncClusterEngine:
         return int(raw) if raw is not None else 0
 
     async def release(self, decision: Decision) -> None:
-        """Free the concurrency slots an admitted decision holds: each node's in one
-        pipeline, the nodes at once; through the twin, in a thread, when a node redirects
-        or fails (a slot not freed expires after its period)."""
-        twin = self.twin
-        if decision.token is None:
-            return
-        if twin.breaker and twin.breaker.state != "closed":  # the twin probes, or refuses
-            await asyncio.to_thread(twin.release, decision)
-            return
-        client = twin.client
-        by_node: dict[str, tuple[Any, list[tuple[str, list[str]]]]] = {}
-        for limit, members in decision.holding():
-            key = base_key(twin.prefix, limit)
-            node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
-            by_node.setdefault(node.name, (node, []))[1].append((key, members))
-
-        async def node_release(node: Any, held: list[tuple[str, list[str]]]) -> bool:
-            pipe = self.nodes.client(node).pipeline(transaction=False)
-            for key, members in held:
-                pipe.zrem(key, *members)
-            try:
-                replies = await pipe.execute(raise_on_error=False)
-            except redis.RedisError:
-                return False
-            return not any(isinstance(reply, Exception) for reply in replies)
-
-        done = await asyncio.gather(*(node_release(node, held)
-                                      for node, held in by_node.values()))
-        if not all(done):
-            await asyncio.to_thread(twin.release, decision)
+        """The twin's `release()`, awaited: each slot's call, the nodes at once."""
+        if decision.token is not None:
+            await aguarded(self.twin.breaker,
+                           arun_flow(self.twin.releasing(decision), self.nodes.perform))
 
     async def lease(self, limits: Sequence[Limit], now: float | None = None, *,
                     back: Sequence[Leftover] = ()) -> list[Grant]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -23,7 +23,7 @@ import redis.cluster
 from ratelimits.engine.acquire import Acquiring
 from ratelimits.engine.breaker import CircuitBreaker
 from ratelimits.engine.cluster_counts import ClusterCounts, cluster_offender_keys
-from ratelimits.engine.cluster_fanout import OnClient, SlotCall, SlotFanout, window_keys
+from ratelimits.engine.cluster_fanout import SlotCall, SlotFanout, window_keys
 from ratelimits.engine.constants import US
 from ratelimits.engine.contract import (
     FIELDS,
@@ -35,6 +35,7 @@ from ratelimits.engine.contract import (
     encode_lease,
     encode_lease_reset,
     encode_refund,
+    encode_release,
     encode_renew,
     note_taken,
     returned_units,
@@ -57,6 +58,7 @@ from ratelimits.engine.registry import REGISTRY
 from ratelimits.engine.scripts import (
     lease_source,
     refund_source,
+    release_source,
     renew_source,
     slot_source,
     version_source,
@@ -111,6 +113,7 @@ class ClusterEngine(Acquiring):
         self._slot = register(slot_source())
         self._refund = register(refund_source())
         self._renew = register(renew_source())
+        self._release = register(release_source())
         self._live = register(live_source())
         #: With a `live_key`, calls carry a heartbeat now and then (see `engine.heartbeat`):
         #: the live set is one key on one node, its call one more in the fan-out.
@@ -305,26 +308,35 @@ class ClusterEngine(Acquiring):
         """Free the concurrency slots an admitted decision holds, behind the circuit
         breaker: EngineUnavailable (at once while the circuit is open) says they are
         still held, for the caller to try again."""
-        if decision.token is None:
-            return
-        pipe = self.client.pipeline()
-        for limit, members in decision.holding():
-            pipe.zrem(base_key(self.prefix, limit), *members)
-        run_flow(guarded(self.breaker, _on_client(pipe.execute)), self.perform)
+        if decision.token is not None:
+            run_flow(self.breaking(self.releasing(decision)), self.perform)
+
+    def releasing(self, decision: Decision) -> Flow[None]:
+        """`release()` as a flow (run by this engine, awaited by its asyncio twin): one
+        call per slot, the nodes at once, a moved slot followed as a decision's is."""
+        calls = {slot: SlotCall(self._release, *encode_release(self.prefix, mine))
+                 for slot, mine in self._held_by_slot([decision]).items()}
+        if calls:
+            yield from self.fanout.run(calls)
 
     def renew(self, decisions: Sequence[Decision], now: float | None = None) -> None:
         """Keep the slots these decisions hold for another `period` from now: one call per
         slot, the nodes at once. Slots already released or expired stay gone."""
         now = self.when(now)
-        held: dict[int, list[tuple[Limit, list[str]]]] = {}  # slot -> its limits' slots
+        calls = {slot: SlotCall(self._renew, *encode_renew(self.prefix, mine, now))
+                 for slot, mine in self._held_by_slot(decisions).items()}
+        if calls:
+            self._fanout(calls)
+
+    def _held_by_slot(self, decisions: Sequence[Decision]
+                      ) -> dict[int, list[tuple[Limit, list[str]]]]:
+        """The slots `decisions` hold, by the hash slot of their limits' keys."""
+        held: dict[int, list[tuple[Limit, list[str]]]] = {}
         for decision in decisions:
             for limit, members in decision.holding():
                 slot = self.client.keyslot(base_key(self.prefix, limit))
                 held.setdefault(slot, []).append((limit, members))
-        calls = {slot: SlotCall(self._renew, *encode_renew(self.prefix, mine, now))
-                 for slot, mine in held.items()}
-        if calls:
-            self._fanout(calls)
+        return held
 
     def watch(self) -> ChangeWatch | None:
         """A connection of its own to the node that holds the version key (and the reset
@@ -479,9 +491,3 @@ class ClusterEngine(Acquiring):
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
         return [g for g in grants if g is not None], returned
-
-
-def _on_client(call: Callable[[], T]) -> Flow[T]:
-    """A flow of one call of the blocking cluster client (`cluster_fanout.OnClient`)."""
-    result: T = yield OnClient(call)
-    return result

@@ -337,6 +337,18 @@ def encode_renew(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]],
     return keys, args
 
 
+def encode_release(prefix: str, held: Iterable[tuple[Limit, Sequence[str]]]
+                   ) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one release on a cluster's slot (lua/release.lua): per key, how
+    many members it frees and their names."""
+    keys: list[str] = []
+    args: list[Any] = []
+    for limit, members in held:
+        keys.append(base_key(prefix, limit))
+        args += (len(members), *members)
+    return keys, args
+
+
 # -- leases (lua/lease.lua) --------------------------------------------------------------
 
 

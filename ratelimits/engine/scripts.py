@@ -28,6 +28,7 @@ __all__ = [
     "lua_constants",
     "offend_source",
     "refund_source",
+    "release_source",
     "renew_source",
     "slot_source",
     "version_source",
@@ -195,6 +196,13 @@ def renew_source() -> str:
             (lua / "renew.lua").read_text("utf-8"),
         )
     )
+
+
+def release_source() -> str:
+    """Redis Cluster: the script that frees finished requests' slots (lua/release.lua)."""
+    lua = resources.files("ratelimits.engine") / "lua"
+    return "-- generated from ratelimits/engine/scripts.py\n" + (
+        lua / "release.lua").read_text("utf-8")
 
 
 @lru_cache(maxsize=1)

@@ -6,6 +6,7 @@ what a failover loses, counted per admitted request."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import queue
 import time
@@ -138,6 +139,41 @@ def test_a_migrating_slot_never_restarts_a_limit_from_zero(cluster, client, algo
     else:
         assert seen == {"migrating": "admitted", "moved": "refused", "owned": "refused"}
     assert not engine.evaluate([limit], now=T0 + 0.003).allowed
+    engine.close()
+
+
+# -- held slots released after their hash slot moved ------------------------------------
+
+
+@pytest.mark.parametrize("when", ["moved", "owned"])
+@pytest.mark.parametrize("driver", ["blocking", "asyncio"])
+def test_held_slots_are_released_where_their_hash_slot_went(cluster, client, driver, when):
+    """A request holds a concurrency slot while its hash slot moves to another primary:
+    released once the key has moved (the source answers ASK) or once the target owns the
+    slot (MOVED, to a slot map that has not seen it), the slot is freed where the key now
+    lives, by the blocking engine and its asyncio twin alike."""
+    from ratelimits.engine.aio import AsyncClusterEngine
+    from ratelimits.engine.deployments import async_twin_client
+
+    engine = ClusterEngine(client)
+    limit = Limit(f"ip:{driver}-{when}", "concurrency", 1, 60, name="slots")
+    held = engine.evaluate([limit], now=T0)
+    assert held.allowed and held.token
+    key = base_key("rl:", limit)
+    source = _port(client, limit)
+    target = _other_primary(cluster, source)
+
+    def release() -> None:
+        if driver == "blocking":
+            engine.release(held)
+        else:
+            asyncio.run(AsyncClusterEngine(engine, async_twin_client).release(held))
+
+    migrate_slot(cluster, client.keyslot(key), source, target,
+                 between=lambda phase: release() if phase == when else None)
+
+    assert cluster.client(target).zcard(key) == 0  # freed where the key lives
+    assert engine.evaluate([limit], now=T0 + 1).allowed  # the one slot is free again
     engine.close()
 
 
