@@ -108,7 +108,13 @@ class Wire:
             return perform(self.client, Command(*args))
         connection, sock = self._take()
         try:
-            self._write(connection, sock, (args,))
+            if sock is None or self.pack is None:
+                connection.send_command(*args, check_health=False)
+            else:
+                try:
+                    sock.sendall(self.pack(args))
+                except (TypeError, OSError) as exc:
+                    raise _write_error(exc) from exc
             reply = connection.read_response()
         except redis.ResponseError:
             self.warm.append(connection)  # an error reply: the connection is sound
@@ -171,23 +177,17 @@ class Wire:
 
     def _write(self, connection: Any, sock: Any, commands: Sequence[tuple[Any, ...]]
                ) -> None:
-        """Write `commands` on `connection`: packed as redis-py packs them and written
-        to `sock` where both are known, else by the connection; what goes wrong raised
-        as redis-py's `send_packed_command` raises it."""
+        """Write `commands` on `connection` in one go: packed as redis-py packs them and
+        written to `sock` where both are known, else by the connection."""
         pack = self.pack
         if sock is None or pack is None:
             connection.send_packed_command(connection.pack_commands(commands),
                                            check_health=False)
             return
         try:
-            sock.sendall(pack(commands[0]) if len(commands) == 1 else
-                         b"".join([pack(command) for command in commands]))
-        except TypeError as exc:  # a value redis-py cannot send either
-            raise redis.DataError(str(exc)) from exc
-        except TimeoutError as exc:  # (socket.timeout)
-            raise redis.TimeoutError("Timeout writing to socket") from exc
-        except OSError as exc:
-            raise redis.ConnectionError(f"Error while writing to socket: {exc}") from exc
+            sock.sendall(b"".join([pack(command) for command in commands]))
+        except (TypeError, OSError) as exc:
+            raise _write_error(exc) from exc
 
     def _ready(self, connection: Any) -> tuple[Any, Any]:
         """A connection ready for a command, from `connection` (an idle one the quick
@@ -203,6 +203,8 @@ class Wire:
                 return connection, self._polled(connection)
         elif self._stale(connection):
             connection.disconnect()
+        else:
+            return connection, self._polled(connection)
         try:  # a Sentinel connection asks for the master here
             connection.connect()
         except BaseException:
@@ -255,6 +257,15 @@ class Wire:
         self.warm.clear()
         self.cold.clear()
         self._pollers.clear()
+
+
+def _write_error(exc: Exception) -> redis.RedisError:
+    """What a failed write raises, as redis-py's `send_packed_command` raises it."""
+    if isinstance(exc, TypeError):  # a value redis-py cannot send either
+        return redis.DataError(str(exc))
+    if isinstance(exc, TimeoutError):  # (socket.timeout)
+        return redis.TimeoutError("Timeout writing to socket")
+    return redis.ConnectionError(f"Error while writing to socket: {exc}")
 
 
 #: poll(2), where the platform has it (not on Windows)
