@@ -61,6 +61,7 @@ NONE_API = "/api/items/ (DRF view), no throttling"
 FLOOR = "/hello/, the floor: one EVALSHA of `return 1`"
 ONE = "/hello/, 1 policy decided in Redis"
 PER_PROCESS = "/hello/, 1 per_process policy"
+PER_PROCESS_3 = "/hello/, 3 per_process policies (section 3's (b''))"
 FLOOD = "/hello/, a refused client answered from the deny cache (429)"
 THREE = "/hello/, 3 policies decided in Redis"
 LEASED = "/hello/, 1 policy leasing 100 units at a time"
@@ -75,6 +76,7 @@ CASES = [
     Case(FLOOR, "floor", "/hello/", "three", 200, NONE_HELLO),
     Case(ONE, "ours", "/hello/", "one", 200, NONE_HELLO),
     Case(PER_PROCESS, "ours", "/hello/", "one_per_process", 200, NONE_HELLO),
+    Case(PER_PROCESS_3, "ours", "/hello/", "per_process", 200, NONE_HELLO),
     Case(FLOOD, "ours", "/hello/", "flood", 429, NONE_HELLO),
     Case(THREE, "ours", "/hello/", "three", 200, NONE_HELLO),
     Case(LEASED, "ours", "/hello/", "leased", 200, NONE_HELLO),

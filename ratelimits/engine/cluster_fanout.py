@@ -194,7 +194,10 @@ class SlotFanout:
             replies: dict[int, Any] = yield Exchange(jobs, calls)
         except redis.RedisError as exc:
             raise EngineError(str(exc)) from exc
-        return (yield from self._settle(replies, calls, sent_to, reached))
+        for reply in replies.values():
+            if isinstance(reply, Exception):
+                return (yield from self._settle(replies, calls, sent_to, reached))
+        return replies  # the usual case: every call ran where it was sent
 
     def route(self, calls: dict[int, SlotCall], rider: tuple[int, SlotCall] | None = None
               ) -> tuple[list[tuple[Any, list[int]]], dict[int, Any]]:
