@@ -97,7 +97,7 @@ def window_keys(prefix: str, limits: Sequence[Limit], now: float | None) -> list
     for limit in limits:
         if REGISTRY[limit.algorithm].windowed:
             key, field = cell(prefix, limit)
-            out += (f"{key}:{w}" for w in windows(limit, at, ahead=True))
+            out += [f"{key}:{w}" for w in windows(limit, at, ahead=True)]
         else:
             key, field = base_key(prefix, limit), ""
         if limit.lockout:
@@ -158,6 +158,8 @@ class SlotFanout:
         self._refreshed_at = -math.inf
         # nodes an ASK named that the client's slot map lacks (a primary without slots)
         self._strangers: dict[tuple[str, int], Any] = {}
+        # the hash slot of each rider's key (see `route`)
+        self._riders: dict[str, int] = {}
 
     @property
     def stale(self) -> bool:
@@ -213,7 +215,11 @@ class SlotFanout:
             by_node.setdefault(node.name, (node, []))[1].append(slot)
         if rider is not None:
             slot, call = rider
-            node = get_node(self.client.keyslot(call.keys[0]))
+            key = call.keys[0]
+            at = self._riders.get(key)
+            if at is None:  # a rider's key is the same call after call: its slot kept
+                at = self._riders[key] = self.client.keyslot(key)
+            node = get_node(at)
             if not by_node or node.name in by_node:
                 calls[slot], sent_to[slot] = call, node
                 by_node.setdefault(node.name, (node, []))[1].append(slot)
