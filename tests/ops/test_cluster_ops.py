@@ -346,6 +346,47 @@ def test_a_policy_saved_in_the_admin_is_seen_by_the_next_request(
     assert hit(client, 1) == [429]  # the new limit of 2 already applies
 
 
+def _address_away_from_version(policy: str = "login") -> str:
+    """An address whose key under `policy` (fixed_window, key ip) lives on another node
+    than the version key."""
+    from ratelimits.engine import Limit
+    from ratelimits.engine.keynames import base_key
+
+    cluster_client = get_engine().client
+    home = cluster_client.get_node_from_key(f"{PREFIX}version").name
+    for i in range(1, 255):
+        limit = Limit(f"ip:198.51.100.{i}", "fixed_window", 1, 3600, name=policy)
+        node = cluster_client.get_node_from_key(base_key(PREFIX, limit)).name
+        if node != home:
+            return f"198.51.100.{i}"
+    raise AssertionError("no such address")
+
+
+def test_an_edit_reaches_requests_decided_away_from_the_versions_node_within_a_second(
+    client, make_policy, on_cluster, clock, monkeypatch
+):
+    """A request whose keys live on other nodes than the version key's carries no version
+    (no node more is sent a call for it): the process reads it at most once a second, so
+    an edit that nothing pushes still applies within that second."""
+    monkeypatch.setattr(listener, "ensure", lambda: None)  # nothing heard: the version tells
+    make_policy(name="login", limit=100, path="/hello/")
+    away = _address_away_from_version()
+    assert hit(client, 1, ip=away) == [200]
+    engine = get_engine()
+    # saved by another process: in the database, the version moved, this process not told
+    from ratelimits.models import Policy
+
+    Policy.objects.filter(name="login").update(limit=1)
+    engine.client.incr(f"{PREFIX}version")
+    clock.advance(0.5)
+    # the version was read less than a second ago: the old limit still applies
+    assert hit(client, 2, ip=away) == [200, 200]
+    clock.advance(0.5)
+    # the first reads it and reloads (its policy was met under the old snapshot); the
+    # next is refused under the new limit
+    assert hit(client, 2, ip=away) == [200, 429]
+
+
 # -- manage.py ratelimits status / reset -----------------------------------------------------
 
 
