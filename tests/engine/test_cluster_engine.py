@@ -191,12 +191,14 @@ def test_counters_and_offenders_are_tallied_and_flushed(client, engine):
     assert other.offenders("per-user", hour) == [(user.key, 3)]
 
 
-def _beside_version(client, beside: bool) -> Limit:
-    """A limit whose key sits on the version key's node (`beside`), or on another."""
-    home = client.get_node_from_key("rl:version").name
-    for i in range(10_000):
-        limit = Limit(f"ip:{i}", "fixed_window", 5, 60, name="p")
-        if (_node(client, limit) == home) == beside:
+def beside_version(client, beside: bool, limits=None, prefix: str = "rl:") -> Limit:
+    """The first of `limits` (by default per-client fixed windows) whose key sits on the
+    version key's node (`beside`), or on another."""
+    home = client.get_node_from_key(f"{prefix}version").name
+    candidates = limits or (Limit(f"ip:{i}", "fixed_window", 5, 60, name="p")
+                            for i in range(10_000))
+    for limit in candidates:
+        if (client.get_node_from_key(base_key(prefix, limit)).name == home) == beside:
             return limit
     raise AssertionError("no such key")
 
@@ -204,7 +206,7 @@ def _beside_version(client, beside: bool) -> Limit:
 def test_a_version_bump_is_seen_by_the_next_request(client, engine):
     """The version rides along where it costs no node more: a decision on the version
     key's node carries it, as does a call with no limit."""
-    limit = _beside_version(client, beside=True)
+    limit = beside_version(client, beside=True)
     assert engine.evaluate([limit], now=T0).version == 0
     version = engine.bump_version()
     assert version > 0
@@ -216,7 +218,7 @@ def test_a_decision_on_other_nodes_leaves_the_version_to_a_read(client, engine):
     """A decision whose keys sit on other nodes than the version's is not sent to that
     node as well: it carries no version (the pipeline then reads it now and then, one
     GET), and the version's node counts no command for it."""
-    limit = _beside_version(client, beside=False)
+    limit = beside_version(client, beside=False)
     home = client.get_node_from_key("rl:version")
     version = engine.bump_version()
     before = client.get_redis_connection(home).info("commandstats").get("cmdstat_get", {})

@@ -350,16 +350,12 @@ def _address_away_from_version(policy: str = "login") -> str:
     """An address whose key under `policy` (fixed_window, key ip) lives on another node
     than the version key."""
     from ratelimits.engine import Limit
-    from ratelimits.engine.keynames import base_key
+    from tests.engine.test_cluster_engine import beside_version
 
-    cluster_client = get_engine().client
-    home = cluster_client.get_node_from_key(f"{PREFIX}version").name
-    for i in range(1, 255):
-        limit = Limit(f"ip:198.51.100.{i}", "fixed_window", 1, 3600, name=policy)
-        node = cluster_client.get_node_from_key(base_key(PREFIX, limit)).name
-        if node != home:
-            return f"198.51.100.{i}"
-    raise AssertionError("no such address")
+    limits = (Limit(f"ip:198.51.100.{i}", "fixed_window", 1, 3600, name=policy)
+              for i in range(1, 255))
+    away = beside_version(get_engine().client, False, limits, prefix=PREFIX)
+    return away.key.removeprefix("ip:")
 
 
 def test_an_edit_reaches_requests_decided_away_from_the_versions_node_within_a_second(
