@@ -1,7 +1,9 @@
 """`acquire()` and `aacquire()`: wait for a turn instead of being refused.
 
 The clock is the test's: its `sleep()` moves time on at once, so a wait of ten seconds
-takes none, and the engine decides at the clock's time.
+takes none, and the engine decides at the clock's time. Redis still expires keys in real
+time, so the paces here keep their state for seconds, not the fraction of one that a
+loaded machine can spend between two calls.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ class Clock:
 
 
 def test_reserved_turns_are_waited_for_in_order(engine):
-    """10 a second, no burst: each call is admitted and waits for its own turn, 0.1 s
+    """One every 10 s, no burst: each call is admitted and waits for its own turn, 10 s
     after the previous one, and never two for one turn."""
     clock = Clock(T0)
-    partner = Limit("partner-api", "gcra", 10, 1, burst=1, name="partner")
+    partner = Limit("partner-api", "gcra", 6, 60, burst=1, name="partner")
     starts, delays = [], []
     for _ in range(5):
         clock.at = T0  # five workers asking at the same instant
@@ -40,10 +42,10 @@ def test_reserved_turns_are_waited_for_in_order(engine):
         assert decision.allowed
         starts.append(round(clock.at - T0, 6))
         delays.append(decision.delay)
-    assert starts == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert starts == [0.0, 10.0, 20.0, 30.0, 40.0]
     # each turn was charged when asked (a reservation), not found by asking again
-    assert delays == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
-    assert not engine.evaluate([partner], now=T0 + 0.45).allowed  # the next is at 0.5
+    assert delays == pytest.approx([0.0, 10.0, 20.0, 30.0, 40.0])
+    assert not engine.evaluate([partner], now=T0 + 45).allowed  # the next is at 50
 
 
 def test_a_turn_beyond_the_timeout_is_refused_at_once(engine):
@@ -75,18 +77,18 @@ def test_a_window_is_asked_again_when_its_refusal_ends(engine):
 
 def test_every_limit_must_admit_and_only_the_admitting_call_is_charged(engine):
     clock = Clock(T0)
-    per_second = Limit("k", "token_bucket", 5, 1, burst=1, name="fast")
-    per_minute = Limit("k", "sliding_log", 3, 60, name="slow")
+    paced = Limit("k", "token_bucket", 6, 60, burst=1, name="fast")  # one per 10 s
+    log = Limit("k", "sliding_log", 3, 600, name="slow")
     times = []
     for _ in range(3):
-        assert engine.acquire([per_second, per_minute], clock=clock).allowed
+        assert engine.acquire([paced, log], clock=clock).allowed
         times.append(round(clock.at - T0, 6))
-    assert times == [0.0, 0.2, 0.4]
-    # the log is full until 60: the bucket's reservation must not be kept meanwhile
-    decision = engine.acquire([per_second, per_minute], timeout=1, clock=clock)
+    assert times == [0.0, 10.0, 20.0]
+    # the log is full until 600: the bucket's reservation must not be kept meanwhile
+    decision = engine.acquire([paced, log], timeout=15, clock=clock)
     assert not decision.allowed
-    clock.at = T0 + 60
-    assert engine.acquire([per_second, per_minute], timeout=0, clock=clock).allowed
+    clock.at = T0 + 600
+    assert engine.acquire([paced, log], timeout=0, clock=clock).allowed
 
 
 def test_a_shadow_limit_is_not_waited_for(engine):
@@ -99,7 +101,7 @@ def test_a_shadow_limit_is_not_waited_for(engine):
 
 def test_aacquire_waits_on_the_event_loop(engine):
     clock = Clock(T0)
-    partner = Limit("partner-api", "gcra", 4, 1, burst=1, name="partner")
+    partner = Limit("partner-api", "gcra", 6, 60, burst=1, name="partner")
 
     async def main():
         for _ in range(3):
@@ -107,7 +109,7 @@ def test_aacquire_waits_on_the_event_loop(engine):
             assert (await engine.aacquire([partner], clock=clock)).allowed
         return clock.slept
 
-    assert asyncio.run(main()) == pytest.approx([0.25, 0.5])
+    assert asyncio.run(main()) == pytest.approx([10.0, 20.0])
 
 
 def test_a_real_wait_is_slept_and_leaves_the_loop_free():

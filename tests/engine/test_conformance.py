@@ -2,6 +2,11 @@
 process, Redis, Redis behind the local-first layer, the cluster, and both asyncio twins.
 
 Each row: (seconds after T0, cost) -> (allowed, remaining, retry_after, delay).
+
+The tables' clock stands still, but Redis expires a key in real time, after as long as
+its state matters from the row that wrote it. So no table keeps state for less than
+several seconds: a machine that stalls a few hundred milliseconds between two rows must
+not see a key vanish that the table's clock says is alive.
 """
 
 from __future__ import annotations
@@ -15,17 +20,17 @@ from ratelimits.engine import Limit
 from tests.engine.conftest import T0
 
 SCENARIOS = {
-    # 5 per 10 s aligned windows: the limit resets at the boundary, so 10 pass in 0.2 s.
+    # 5 per 1000 s aligned windows: the limit resets at the boundary, so 10 pass in 20 s.
     "fixed_window boundary burst": (
-        Limit("c", "fixed_window", 5, 10),
+        Limit("c", "fixed_window", 5, 1000),
         [
-            ((9.8, 1), (True, 4, 0, 0)),
-            ((9.8, 1), (True, 3, 0, 0)),
-            ((9.8, 2), (True, 1, 0, 0)),
-            ((9.8, 1), (True, 0, 0, 0)),
-            ((9.9, 1), (False, 0, 0.1, 0)),
-            ((10.0, 5), (True, 0, 0, 0)),
-            ((10.1, 1), (False, 0, 9.9, 0)),
+            ((980.0, 1), (True, 4, 0, 0)),
+            ((980.0, 1), (True, 3, 0, 0)),
+            ((980.0, 2), (True, 1, 0, 0)),
+            ((980.0, 1), (True, 0, 0, 0)),
+            ((990.0, 1), (False, 0, 10.0, 0)),
+            ((1000.0, 5), (True, 0, 0, 0)),
+            ((1010.0, 1), (False, 0, 990.0, 0)),
         ],
     ),
     # The same traffic through a sliding window: the previous window still weighs in.
@@ -65,37 +70,38 @@ SCENARIOS = {
             ((60.0, 5), (True, 0, 0, 0)),  # refilled to the burst, no further
         ],
     ),
-    # 10 per second, up to 3 queued: delays of 0.1 s per queued request, then rejection.
+    # 10 per 100 s, up to 3 queued: delays of 10 s per queued request, then rejection.
     "leaky_bucket delays": (
-        Limit("c", "leaky_bucket", 10, 1, burst=3),
+        Limit("c", "leaky_bucket", 10, 100, burst=3),
         [
             ((0.0, 1), (True, 3, 0, 0.0)),
-            ((0.0, 1), (True, 2, 0, 0.1)),
-            ((0.0, 1), (True, 1, 0, 0.2)),
-            ((0.0, 1), (True, 0, 0, 0.3)),
-            ((0.0, 1), (False, 0, 0.1, 0)),
-            ((0.1, 1), (True, 0, 0, 0.3)),
-            ((1.0, 1), (True, 3, 0, 0.0)),
+            ((0.0, 1), (True, 2, 0, 10.0)),
+            ((0.0, 1), (True, 1, 0, 20.0)),
+            ((0.0, 1), (True, 0, 0, 30.0)),
+            ((0.0, 1), (False, 0, 10.0, 0)),
+            ((10.0, 1), (True, 0, 0, 30.0)),
+            ((100.0, 1), (True, 3, 0, 0.0)),
         ],
     ),
-    # Without a burst a leaky bucket is a pure shaper: one per 0.1 s, none queued.
+    # Without a burst a leaky bucket is a pure shaper: one per 10 s, none queued.
     "leaky_bucket without queue": (
-        Limit("c", "leaky_bucket", 10, 1),
+        Limit("c", "leaky_bucket", 10, 100),
         [
             ((0.0, 1), (True, 0, 0, 0)),
-            ((0.05, 1), (False, 0, 0.05, 0)),
-            ((0.1, 1), (True, 0, 0, 0)),
+            ((5.0, 1), (False, 0, 5.0, 0)),
+            ((10.0, 1), (True, 0, 0, 0)),
         ],
     ),
-    # 7 per second, burst 2: retry_after is the emission interval 1/7 s, to the µs.
+    # 7 per 100 s, burst 2: retry_after is the emission interval 100/7 s, to the µs
+    # (rounded up: 14.2857142... s is 14.285715).
     "gcra burst and exact retry": (
-        Limit("c", "gcra", 7, 1, burst=2),
+        Limit("c", "gcra", 7, 100, burst=2),
         [
             ((0.0, 1), (True, 1, 0, 0)),
             ((0.0, 1), (True, 0, 0, 0)),
-            ((0.0, 1), (False, 0, 0.142858, 0)),
-            ((0.142858, 1), (True, 0, 0, 0)),
-            ((0.142858, 1), (False, 0, 0.142857, 0)),
+            ((0.0, 1), (False, 0, 14.285715, 0)),
+            ((14.285715, 1), (True, 0, 0, 0)),
+            ((14.285715, 1), (False, 0, 14.285714, 0)),
         ],
     ),
     # Warm-up (T = 1 s, burst 3 so C = 3 s, W = 6 s). A cold client is paced without
@@ -143,42 +149,42 @@ SCENARIOS = {
             ((3.0, 1), (False, 0, 1.0, 0)),
         ],
     ),
-    # max_wait 0.25 s at 10/s without burst: a turn within 0.25 s is admitted now with its
-    # wait as the delay (a reservation); one further ahead is refused until it is within.
+    # max_wait 25 s at one per 10 s without burst: a turn within 25 s is admitted now with
+    # its wait as the delay (a reservation); one further ahead is refused until it is within.
     "gcra max_wait reserves turns": (
-        Limit("c", "gcra", 10, 1, burst=1, max_wait=0.25),
+        Limit("c", "gcra", 10, 100, burst=1, max_wait=25),
         [
             ((0.0, 1), (True, 0, 0, 0)),
-            ((0.0, 1), (True, 0, 0, 0.1)),
-            ((0.0, 1), (True, 0, 0, 0.2)),
-            ((0.0, 1), (False, 0, 0.05, 0)),  # its turn, 0.3, is 0.05 s beyond the wait
-            ((0.05, 1), (True, 0, 0, 0.25)),
-            ((0.05, 1), (False, 0, 0.1, 0)),  # the turns up to 0.4 are all taken
+            ((0.0, 1), (True, 0, 0, 10.0)),
+            ((0.0, 1), (True, 0, 0, 20.0)),
+            ((0.0, 1), (False, 0, 5.0, 0)),  # its turn, 30, is 5 s beyond the wait
+            ((5.0, 1), (True, 0, 0, 25.0)),
+            ((5.0, 1), (False, 0, 10.0, 0)),  # the turns up to 40 are all taken
         ],
     ),
     # A token bucket borrows against its refill: tokens go below zero by at most what
-    # max_wait refills (0.3 s at 10/s = 3), each borrowed token a 0.1 s later turn.
+    # max_wait refills (30 s at one per 10 s = 3), each borrowed token a 10 s later turn.
     "token_bucket max_wait borrows ahead": (
-        Limit("c", "token_bucket", 10, 1, burst=2, max_wait=0.3),
+        Limit("c", "token_bucket", 10, 100, burst=2, max_wait=30),
         [
             ((0.0, 1), (True, 1, 0, 0)),
             ((0.0, 1), (True, 0, 0, 0)),
-            ((0.0, 1), (True, 0, 0, 0.1)),
-            ((0.0, 1), (True, 0, 0, 0.2)),
-            ((0.0, 1), (True, 0, 0, 0.3)),
-            ((0.0, 1), (False, 0, 0.1, 0)),
-            ((1.0, 2), (True, 0, 0, 0)),  # paid back: 7 refilled, capped at 2
+            ((0.0, 1), (True, 0, 0, 10.0)),
+            ((0.0, 1), (True, 0, 0, 20.0)),
+            ((0.0, 1), (True, 0, 0, 30.0)),
+            ((0.0, 1), (False, 0, 10.0, 0)),
+            ((100.0, 2), (True, 0, 0, 0)),  # paid back: 7 refilled, capped at 2
         ],
     ),
-    # A leaky bucket's queue grows by max_wait: burst 1 (0.1 s) + 0.2 s.
+    # A leaky bucket's queue grows by max_wait: burst 1 (10 s) + 20 s.
     "leaky_bucket max_wait lengthens the queue": (
-        Limit("c", "leaky_bucket", 10, 1, burst=1, max_wait=0.2),
+        Limit("c", "leaky_bucket", 10, 100, burst=1, max_wait=20),
         [
             ((0.0, 1), (True, 1, 0, 0)),
-            ((0.0, 1), (True, 0, 0, 0.1)),
-            ((0.0, 1), (True, 0, 0, 0.2)),
-            ((0.0, 1), (True, 0, 0, 0.3)),
-            ((0.0, 1), (False, 0, 0.1, 0)),
+            ((0.0, 1), (True, 0, 0, 10.0)),
+            ((0.0, 1), (True, 0, 0, 20.0)),
+            ((0.0, 1), (True, 0, 0, 30.0)),
+            ((0.0, 1), (False, 0, 10.0, 0)),
         ],
     ),
     # Warm-up with max_wait: a paced turn within the wait is reserved, not refused.
