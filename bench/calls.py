@@ -3,11 +3,14 @@
     .venv/bin/python bench/calls.py [--quick] [--walk CASE [--trace]]
 
 Timings drift 10-30 % on a shared machine; a count of function calls does not. Each case
-serves requests through Django's own `WSGIHandler` in a child process (section 3's
-settings and URLs, `bench/e2e_settings.py`, on the run's Redis), warms up, then counts
-with `sys.setprofile` every Python function call made while serving each of a few
-hundred requests from 1,000 clients. A case's figure is the mean per request, minus the
-same count for the same URL with no limiter: what the limiter adds. The floor is a
+serves requests through Django's own `WSGIHandler` (or `ASGIHandler`, on one event loop)
+in a child process (section 3's settings and URLs, `bench/e2e_settings.py`, on the run's
+Redis), warms up, then counts with `sys.setprofile` every Python function call made while
+serving each of a few hundred requests from 1,000 clients. Under ASGI the count is the
+event loop's thread: what Django hands to `sync_to_async` threads (the demo's
+synchronous middleware) is not counted, in either the case or its baseline. A case's
+figure is the mean per request, minus the same count for the same URL with no limiter:
+what the limiter adds. The floor is a
 middleware that makes one redis-py `EVALSHA` of `return 1` and nothing else: the round
 trip a store-backed limiter cannot avoid.
 
@@ -54,6 +57,7 @@ class Case:
     policies: str  # a key of POLICIES
     status: int  # what every measured request must answer
     baseline: str  # the label of the case with no limiter for the same URL
+    asgi: bool = False  # served by ASGIHandler on an event loop, not WSGIHandler
 
 
 NONE_HELLO = "/hello/, no rate limiting"
@@ -70,6 +74,8 @@ DRF_OWN = "/api/items/, DRF's own Anon + UserRateThrottle"
 COMPAT_DRF = "/api/items/, ratelimits.compat.drf Anon + UserRateThrottle"
 COMPAT_DR = "/dr-hello/, ratelimits.compat.django_ratelimit `@ratelimit`"
 DR_OWN = "/dr-hello/, django-ratelimit's own `@ratelimit`"
+NONE_ASGI = "ASGI /async-hello/, no rate limiting"
+ASGI_ONE = "ASGI /async-hello/, 1 policy decided in Redis on the event loop"
 
 CASES = [
     Case(NONE_HELLO, "none", "/hello/", "three", 200, NONE_HELLO),
@@ -86,6 +92,8 @@ CASES = [
     Case(COMPAT_DRF, "compat", "/api/items/", "declared", 200, NONE_API),
     Case(COMPAT_DR, "drcompat", "/dr-hello/", "declared", 200, NONE_HELLO),
     Case(DR_OWN, "dr", "/dr-hello/", "declared", 200, NONE_HELLO),
+    Case(NONE_ASGI, "none", "/async-hello/", "one", 200, NONE_ASGI, asgi=True),
+    Case(ASGI_ONE, "ours", "/async-hello/", "one", 200, NONE_ASGI, asgi=True),
 ]
 
 
@@ -137,9 +145,54 @@ class Counter:
         self.depth += 1
 
 
+def asgi_server(path: str, counter: Counter) -> Any:
+    """`serve(i, counted)`: one GET of `path` from client `i` through Django's ASGI
+    handler, run to its end on one event loop (the asyncio engine keeps its connections
+    per loop, as under uvicorn); its status line."""
+    import asyncio
+
+    from django.core.handlers.asgi import ASGIHandler
+
+    app, loop = ASGIHandler(), asyncio.new_event_loop()
+
+    async def request(i: int, counted: bool) -> int:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "http", "path": path,
+                 "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"127.0.0.1"),
+                             (b"x-forwarded-for", CLIENTS[i % len(CLIENTS)].encode())],
+                 "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80)}
+        asked = asyncio.Event()
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if not asked.is_set():
+                asked.set()
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Future()  # the client stays: Django's disconnect watch waits
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        if counted:
+            sys.setprofile(counter)
+        try:
+            await app(scope, receive, send)
+        finally:
+            sys.setprofile(None)
+        return int(sent[0]["status"])
+
+    def serve(i: int, counted: bool) -> str:
+        return str(loop.run_until_complete(request(i, counted)))
+
+    return serve
+
+
 def child(path: str, status: int, requests: int, walk: bool,
-          trace: bool = False) -> dict[str, Any]:
-    """Serve requests through the WSGI handler in this process, counting the calls."""
+          trace: bool = False, asgi: bool = False) -> dict[str, Any]:
+    """Serve requests through the WSGI (or ASGI) handler in this process, counting the
+    calls."""
     import django
 
     django.setup()
@@ -147,8 +200,14 @@ def child(path: str, status: int, requests: int, walk: bool,
     from django.test.client import RequestFactory
 
     app, factory, counter = WSGIHandler(), RequestFactory(), Counter()
+    served_asgi = asgi_server(path, counter) if asgi else None
 
     def serve(i: int, counted: bool) -> None:
+        if served_asgi is not None:
+            answered = served_asgi(i, counted)
+            if counted and answered != str(status):
+                raise RuntimeError(f"{path} answered {answered}, expected {status}")
+            return
         environ = factory.get(path, HTTP_HOST="127.0.0.1",
                               HTTP_X_FORWARDED_FOR=CLIENTS[i % len(CLIENTS)]).environ
         seen: list[str] = []
@@ -194,6 +253,7 @@ def measure(case: Case, db: str, requests: int, walk: bool = False,
     out = subprocess.run(
         [sys.executable, __file__, "--child", case.path, "--status", str(case.status),
          "--requests", str(requests), *(["--walk-child"] if walk else []),
+         *(["--asgi"] if case.asgi else []),
          *(["--trace-child"] if trace else [])],
         env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -232,7 +292,8 @@ def run(quick: bool = False) -> Section:
     section.add(
         "Function calls per request counted with `sys.setprofile` (exact: the same on a "
         "busy machine), those of Python functions and of C ones (builtins, methods of "
-        "C types) both, through Django's `WSGIHandler` in one process, section 3's "
+        "C types) both, through Django's `WSGIHandler` in one process (the ASGI rows: "
+        "its `ASGIHandler` on one event loop, counting that loop's thread), section 3's "
         "settings, policies and URLs, on the run's Redis; the mean of "
         f"{100 if quick else 400} requests from 1,000 clients after 2,000 of warm-up (so "
         "the periodic work, a tally's flush or a heartbeat, counts its share). *Beyond no "
@@ -270,10 +331,11 @@ def main() -> None:
                         help="with --walk: every call of the request, indented by depth")
     parser.add_argument("--walk-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trace-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--asgi", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.status, args.requests, args.walk_child,
-                               args.trace_child)))
+                               args.trace_child, args.asgi)))
         return
     if args.walk:
         case = next(c for c in CASES if args.walk.lower() in c.label.lower())
