@@ -55,6 +55,7 @@ from ratelimits.engine.transport import (
     failed,
 )
 from ratelimits.engine.types import Decision, Limit
+from ratelimits.engine.wire import AsyncWire
 
 __all__ = ["AsyncClusterEngine", "AsyncNodes", "AsyncRedisEngine"]
 
@@ -72,18 +73,21 @@ class AsyncRedisEngine:
     def __init__(self, twin: RedisEngine, connect: Callable[[], redis.asyncio.Redis]) -> None:
         self.twin = twin
         self._connect = connect
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
-                                                  redis.asyncio.Redis] = (
+        self._wires: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncWire] = (
             weakref.WeakKeyDictionary()
         )
 
+    def wire(self) -> AsyncWire:
+        """This event loop's wire, on its client (opened on first use in the loop)."""
+        loop = asyncio.get_running_loop()
+        wire = self._wires.get(loop)
+        if wire is None:
+            wire = self._wires[loop] = AsyncWire(self._connect())
+        return wire
+
     def client(self) -> redis.asyncio.Redis:
         """This event loop's client (opened on first use in the loop)."""
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = self._connect()
-        return client
+        return self.wire().client
 
     async def evaluate(self, limits: Sequence[Limit], now: float | None = None) -> Decision:
         """Check every limit and charge them all only if every enforced one admits."""
@@ -128,7 +132,7 @@ class AsyncRedisEngine:
         try:
             if chores is None or chores.beat is None:
                 try:
-                    reply = await self.client().execute_command(*command)  # type: ignore[no-untyped-call]
+                    reply = await self.wire().call(command)
                 except redis.ResponseError as exc:
                     if script is None:
                         raise
@@ -149,26 +153,28 @@ class AsyncRedisEngine:
 
 class AsyncNodes:
     """The cluster's nodes on asyncio: one `redis.asyncio.Redis` per node and event loop,
-    opened by `connect(node's blocking client)`, and a fan-out's needs performed on them.
-    A connection belongs to the loop that opened it, hence one set per loop."""
+    opened by `connect(node's blocking client)`, its commands sent on its wire
+    (`AsyncWire`), and a fan-out's needs performed on them. A connection belongs to the
+    loop that opened it, hence one set per loop."""
 
     def __init__(self, connect: Callable[[Any], redis.asyncio.Redis]) -> None:
         self._connect = connect
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
-                                                  dict[str, redis.asyncio.Redis]] = (
+        self._wires: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                dict[str, AsyncWire]] = (
             weakref.WeakKeyDictionary()
         )
 
-    def client(self, node: Any) -> redis.asyncio.Redis:
-        """This event loop's client of `node` (opened on first use in the loop)."""
+    def wire(self, node: Any) -> AsyncWire:
+        """This event loop's wire to `node`, on its client (opened on first use in the
+        loop)."""
         loop = asyncio.get_running_loop()
-        clients = self._clients.get(loop)
-        if clients is None:
-            clients = self._clients[loop] = {}
-        client = clients.get(node.name)
-        if client is None:
-            client = clients[node.name] = self._connect(node.redis_connection)
-        return client
+        wires = self._wires.get(loop)
+        if wires is None:
+            wires = self._wires[loop] = {}
+        wire = wires.get(node.name)
+        if wire is None:
+            wire = wires[node.name] = AsyncWire(self._connect(node.redis_connection))
+        return wire
 
     async def perform(self, need: Need) -> Any:
         """Do one thing the flow needs, awaited: the nodes' pipelines on this loop's
@@ -183,11 +189,7 @@ class AsyncNodes:
         return None
 
     async def _pipeline(self, node: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        pipe = self.client(node).pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
+        return await self.wire(node).pipeline(commands)
 
     async def _exchange(self, jobs: list[tuple[Any, list[int]]], calls: dict[int, SlotCall]
                         ) -> dict[int, Any]:

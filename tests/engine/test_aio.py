@@ -103,13 +103,13 @@ def test_the_decision_runs_on_the_event_loops_thread(redis_url, loop, monkeypatc
     # it missing asks for the client again to load it
     loop.run_until_complete(aio.evaluate([limit]))
     seen = []
-    client = aio.client.__func__
+    wire = aio.wire.__func__
 
     def spy(self):
         seen.append(threading.get_ident())
-        return client(self)
+        return wire(self)
 
-    monkeypatch.setattr(AsyncRedisEngine, "client", spy)
+    monkeypatch.setattr(AsyncRedisEngine, "wire", spy)
     loop.run_until_complete(aio.evaluate([limit]))
     assert seen == [threading.get_ident()]
 

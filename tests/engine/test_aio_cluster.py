@@ -89,16 +89,16 @@ def test_every_node_is_asked_from_the_event_loop_and_no_thread(client, loop, mon
     # apart. Other clients' limits on the same primaries load them first.
     assert loop.run_until_complete(aio.evaluate(_spread(client, "warm-"), now=T0)).allowed
     seen = []
-    node_client = AsyncNodes.client
+    node_wire = AsyncNodes.wire
 
     def spy(self, node):
         seen.append(threading.get_ident())
-        return node_client(self, node)
+        return node_wire(self, node)
 
     def no_thread(*args, **kwargs):
         raise AssertionError("a thread was asked for on the request path")
 
-    monkeypatch.setattr(AsyncNodes, "client", spy)
+    monkeypatch.setattr(AsyncNodes, "wire", spy)
     monkeypatch.setattr(asyncio, "to_thread", no_thread)
     first = loop.run_until_complete(aio.evaluate(limits, now=T0))
     second = loop.run_until_complete(aio.evaluate(limits, now=T0))
