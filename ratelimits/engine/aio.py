@@ -51,7 +51,6 @@ from ratelimits.engine.transport import (
     Recovering,
     admit,
     aguarded,
-    aperform,
     failed,
 )
 from ratelimits.engine.types import Decision, Limit
@@ -147,8 +146,7 @@ class AsyncRedisEngine:
 
     async def _run(self, flow: Flow[T]) -> T:
         """Await `flow`, each command it needs sent on this loop's client."""
-        client = self.client()
-        return await arun_flow(flow, lambda need: aperform(client, need))
+        return await arun_flow(flow, self.wire().perform)
 
 
 class AsyncNodes:

@@ -5,7 +5,8 @@ its reply read by the connection.
 `Wire.call` is the request path's round trip on one server; `Wire.send` and
 `Wire.receive` split a pipeline in two, so the cluster's fan-out writes every node's
 pipeline before it reads any reply. `Polled` makes a connection's socket public, so a
-wire can poll and write to it.
+wire can poll and write to it. `AsyncWire` is the same for one event loop's
+`redis.asyncio` client.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from ratelimits.engine.transport import Command, Need, perform
+from ratelimits.engine.transport import Command, Need, aperform, perform
 
 __all__ = ["AsyncWire", "Polled", "Wire", "polled", "wire_of"]
 
@@ -61,8 +62,8 @@ class Wire:
     `pack_command`, which redis-py uses when hiredis is installed; else the
     connection's `send_command`) and written to its socket, its reply read by the
     connection (`read_response`), and is answered what `execute_command` answers:
-    commands with a reply callback (`PING`, `SCRIPT LOAD` ...) and pipelines take the
-    client's own path, and so does every command of a cluster client. Between that and
+    commands with a reply callback (`PING`, `SCRIPT LOAD` ...), pipelines holding one,
+    and every command of a cluster client take the client's own path. Between that and
     checking a connection out of redis-py's pool for each command, the difference is
     what the pool does each time (its lock, its bookkeeping, its observability hooks),
     about half the client's CPU per round trip. What matters is kept: the connections
@@ -95,12 +96,17 @@ class Wire:
         _wires.add(self)
 
     def perform(self, need: Need) -> Any:
-        """Send `need` and read its reply (see `transport.perform`)."""
-        callbacks = self.callbacks
-        if (type(need) is not Command or callbacks is None or need.args[0] in callbacks
-                or " " in need.args[0]):
+        """Send `need` and read its reply (see `transport.perform`): a command or a
+        pipeline on this wire's connections, unless the client's own path would answer
+        otherwise (see `answered_raw`)."""
+        if not answered_raw(need, self.callbacks):
             return perform(self.client, need)
-        return self.call(need.args)
+        if isinstance(need, Command):
+            return self.call(need.args)
+        connection = self.send(need.commands)
+        replies: list[Any] = []
+        self.receive(connection, len(need.commands), replies)
+        return replies
 
     def call(self, args: tuple[Any, ...]) -> Any:
         """Send one command that has no reply callback (FCALL, EVALSHA, GET ...) and read
@@ -285,6 +291,14 @@ class AsyncWire:
         #: connections checked out of the client's pool and not in use
         self.idle: list[Any] = []
 
+    async def perform(self, need: Need) -> Any:
+        """`Wire.perform`, awaited (see `transport.aperform`)."""
+        if not answered_raw(need, self.callbacks):
+            return await aperform(self.client, need)
+        if isinstance(need, Command):
+            return await self.call(need.args)
+        return await self.pipeline(need.commands)
+
     async def call(self, args: tuple[Any, ...]) -> Any:
         """Send one command and await its reply: `await client.execute_command(*args)`."""
         if args[0] in self.callbacks:
@@ -345,6 +359,21 @@ class AsyncWire:
             self.idle.append(connection)  # still checked out of the pool: kept
             raise
         return connection
+
+
+def answered_raw(need: Need, callbacks: Any) -> bool:
+    """Whether the client's own path answers every command of `need` with the raw reply,
+    as a wire reads it: a client with reply callbacks (None: a cluster client, which
+    routes each command itself), none for these commands, each named in one word (the
+    client splits "SCRIPT LOAD" in two before packing it)."""
+    if callbacks is None:
+        return False
+    commands = (need.args,) if isinstance(need, Command) else need.commands
+    for command in commands:
+        name = command[0]
+        if name in callbacks or " " in name:
+            return False
+    return True
 
 
 def _write_error(exc: Exception) -> redis.RedisError:

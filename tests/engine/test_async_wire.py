@@ -16,6 +16,7 @@ from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.aio import AsyncRedisEngine
 from ratelimits.engine.deployments import async_twin_client
 from ratelimits.engine.errors import EngineUnavailable
+from ratelimits.engine.transport import Command, Pipelined
 from ratelimits.engine.wire import AsyncWire
 
 T0 = 1_800_000_000.0
@@ -85,6 +86,7 @@ def test_commands_answer_what_execute_command_answers(redis_url):
     async def main():
         client = redis.asyncio.Redis.from_url(redis_url)
         wire = AsyncWire(client)
+        await client.delete("wire:n", "wire:p")
         await client.set("wire:k", "v")
         assert await wire.call(("PING",)) is True  # a reply callback: the client's path
         assert await wire.call(("GET", "wire:k")) == b"v"  # no callback: raw, as redis-py
@@ -93,6 +95,14 @@ def test_commands_answer_what_execute_command_answers(redis_url):
             await wire.call(("INCR", "wire:k"))  # an error reply
         assert wire.idle == kept  # ... leaves the connection sound, and in use
         assert await wire.call(("GET", "wire:k")) == b"v"
+        # a pipeline answered raw goes on the wire, one with a reply callback does not
+        replies = await wire.perform(Pipelined(("APPEND", "wire:p", "x"), ("INCR", "wire:p"),
+                                               ("GET", "wire:p")))
+        assert replies[0] == 1 and replies[2] == b"x"
+        assert isinstance(replies[1], redis.ResponseError)  # that command's value
+        assert wire.idle == kept
+        assert await wire.perform(Pipelined(("PING",), ("GET", "wire:p"))) == [True, b"x"]
+        assert await wire.perform(Command("GET", "wire:p")) == b"x"
         # tasks at once each take a connection; the wire keeps those, no more
         counts = await asyncio.gather(*(wire.call(("INCR", "wire:n")) for _ in range(4)))
         assert sorted(counts) == [1, 2, 3, 4]

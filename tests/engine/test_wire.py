@@ -12,7 +12,7 @@ import redis
 
 from ratelimits.engine import Limit, RedisEngine
 from ratelimits.engine.errors import EngineUnavailable
-from ratelimits.engine.transport import Command
+from ratelimits.engine.transport import Command, Pipelined
 from ratelimits.engine.wire import Wire
 
 T0 = 1_800_000_000.0
@@ -92,6 +92,23 @@ def test_commands_answer_what_execute_command_answers(redis_client):
     assert wire.perform(Command("GET", "k")) == b"v"
     wire.close()
     assert not wire.warm
+
+
+def test_pipelines_answer_what_the_clients_pipeline_answers(redis_client):
+    """A pipeline of commands answered raw goes on the wire (a release, a heartbeat);
+    one with a reply callback takes the client's own pipeline, so its replies are the
+    same either way."""
+    wire = Wire(redis_client)
+    redis_client.delete("wire:p")
+
+    replies = wire.perform(Pipelined(("APPEND", "wire:p", "x"), ("INCR", "wire:p"),
+                                     ("GET", "wire:p")))
+
+    assert replies[0] == 1 and replies[2] == b"x"
+    assert isinstance(replies[1], redis.ResponseError)  # an error is that command's value
+    assert len(wire.warm) == 1  # sent on the wire's own connection
+    assert wire.perform(Pipelined(("PING",), ("GET", "wire:p"))) == [True, b"x"]
+    wire.close()
 
 
 def test_engines_on_one_pool_share_its_connections_and_give_them_back(redis_url):
