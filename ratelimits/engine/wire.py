@@ -11,15 +11,22 @@ wire can poll and write to it. `AsyncWire` is the same for one event loop's
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import select
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as deadline
+else:  # Python 3.10: the package redis.asyncio uses there
+    from async_timeout import timeout as deadline
 
 from ratelimits.engine.transport import Command, Need, aperform, perform
 
@@ -275,10 +282,13 @@ class AsyncWire:
     written with `send_packed_command` and its reply read with `read_response`, the
     connection's own public calls. What the client's `execute_command` adds each time
     (the pool's lock and bookkeeping, its observability hooks, the retry wrapper, a
-    Python packer) is skipped; about a third of an awaited round trip's CPU. What the
-    pool's checkout checks is kept: an idle connection is asked `can_read_destructive()`
-    before use, and one the server closed (a restart, its idle timeout) or that holds
-    data no call asked for is connected again. A command that fails or is cancelled
+    Python packer) is skipped. The client's `socket_timeout` bounds each whole round
+    trip (one `asyncio.timeout`), not the write and the read apart: a connection the
+    wire keeps has none of its own, since redis.asyncio makes a task of every write it
+    must time (`wait_for`), three turns of the loop per command. What the pool's
+    checkout checks is kept: an idle connection is asked `can_read_destructive()` before
+    use, and one the server closed (a restart, its idle timeout) or that holds data no
+    call asked for is connected again. A command that fails, times out or is cancelled
     half-way leaves its connection disconnected by redis-py (a reply may be unread), and
     the wire connects it again before its next command. Commands with a reply callback
     take the client's own path.
@@ -288,6 +298,8 @@ class AsyncWire:
         self.client = client
         self.pool = client.connection_pool
         self.callbacks = client.response_callbacks
+        #: seconds a round trip may take (the client's socket timeout; None: no bound)
+        self.timeout: float | None = self.pool.connection_kwargs.get("socket_timeout")
         #: connections checked out of the client's pool and not in use
         self.idle: list[Any] = []
 
@@ -303,49 +315,66 @@ class AsyncWire:
         """Send one command and await its reply: `await client.execute_command(*args)`."""
         if args[0] in self.callbacks:
             return await self.client.execute_command(*args)  # type: ignore[no-untyped-call]
-        connection = await self._take()
-        try:
-            await connection.send_packed_command(
-                connection.pack_command(*args) if _PACK is None else _PACK(args),
-                check_health=False)
-            reply = await connection.read_response()
-        except BaseException:
-            # an error reply leaves the connection sound; any other failure, a
-            # cancellation too, has disconnected it (see `_take`)
-            self.idle.append(connection)
-            raise
-        self.idle.append(connection)
-        return reply
+        return await self._timed((args,), None)
 
     async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Send `commands` in one write and await their replies, an error reply as that
         command's value (a pipeline's `execute(raise_on_error=False)`, raw replies as
         `Wire.receive` reads them)."""
-        connection = await self._take()
         replies: list[Any] = []
+        await self._timed(commands, replies)
+        return replies
+
+    async def _timed(self, commands: Sequence[tuple[Any, ...]], into: list[Any] | None
+                     ) -> Any:
+        """`_exchange` within the wire's timeout, which raises what redis-py raises when
+        a reply is late (the connection is then disconnected, see the class)."""
+        timeout = self.timeout
+        if timeout is None:
+            return await self._exchange(commands, into)
+        try:
+            async with deadline(timeout):
+                return await self._exchange(commands, into)
+        except asyncio.TimeoutError as exc:  # the wire's own: one from outside passes
+            raise redis.TimeoutError(f"No reply from Redis within {timeout} s") from exc
+
+    async def _exchange(self, commands: Sequence[tuple[Any, ...]], into: list[Any] | None
+                        ) -> Any:
+        """Write `commands` on a connection and read their replies: into `into`, an error
+        reply as its command's value, or (None: one command) the reply, an error raised."""
+        connection = await self._take()
         try:
             if _PACK is None:
                 packed = connection.pack_commands(commands)
+            elif len(commands) == 1:
+                packed = _PACK(commands[0])
             else:
                 packed = b"".join([_PACK(command) for command in commands])
             await connection.send_packed_command(packed, check_health=False)
+            if into is None:
+                return await connection.read_response()
             for _ in commands:
                 try:
-                    replies.append(await connection.read_response())
+                    into.append(await connection.read_response())
                 except redis.ResponseError as exc:
-                    replies.append(exc)
+                    into.append(exc)
+            return None
         finally:
-            self.idle.append(connection)  # see `call`
-        return replies
+            # sound after its replies or an error reply; after any other failure, a
+            # cancellation too, disconnected by redis-py and connected again by `_take`
+            self.idle.append(connection)
 
     async def _take(self) -> Any:
         """A connection ready for a command: an idle one, checked as the pool checks its
         own (connected again if it was disconnected, closed by the server or holds
-        unread data), else one checked out of the pool."""
+        unread data), else one checked out of the pool (the wire's timeout its own)."""
         try:
             connection = self.idle.pop()
         except IndexError:
-            return await self.pool.get_connection()  # type: ignore[no-untyped-call]
+            connection = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+            if self.timeout is not None:
+                connection.socket_timeout = None  # see the class: `_timed` bounds it
+            return connection
         try:
             if connection.is_connected:
                 try:
