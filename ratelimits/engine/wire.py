@@ -286,12 +286,12 @@ class AsyncWire:
     trip (one `asyncio.timeout`), not the write and the read apart: a connection the
     wire keeps has none of its own, since redis.asyncio makes a task of every write it
     must time (`wait_for`), three turns of the loop per command. What the pool's
-    checkout checks is kept: an idle connection is asked `can_read_destructive()` before
-    use, and one the server closed (a restart, its idle timeout) or that holds data no
-    call asked for is connected again. A command that fails, times out or is cancelled
-    half-way leaves its connection disconnected by redis-py (a reply may be unread), and
-    the wire connects it again before its next command. Commands with a reply callback
-    take the client's own path.
+    checkout checks is kept: an idle connection is asked `can_read()` (before redis-py
+    8, `can_read_destructive()`) before use, and one the server closed (a restart, its
+    idle timeout) or that holds data no call asked for is connected again. A command
+    that fails, times out or is cancelled half-way leaves its connection disconnected by
+    redis-py (a reply may be unread), and the wire connects it again before its next
+    command. Commands with a reply callback take the client's own path.
     """
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
@@ -378,7 +378,7 @@ class AsyncWire:
         try:
             if connection.is_connected:
                 try:
-                    if not await connection.can_read_destructive():
+                    if not await getattr(connection, _CAN_READ)():
                         return connection
                 except redis.ConnectionError:
                     pass
@@ -388,6 +388,12 @@ class AsyncWire:
             self.idle.append(connection)  # still checked out of the pool: kept
             raise
         return connection
+
+
+#: An asyncio connection's check for a closed socket or unread data, as its pool asks it:
+#: `can_read` from redis-py 8 on, which deprecates the older name.
+_CAN_READ = ("can_read" if hasattr(redis.asyncio.connection.AbstractConnection, "can_read")
+             else "can_read_destructive")
 
 
 def answered_raw(need: Need, callbacks: Any) -> bool:
