@@ -46,6 +46,9 @@ POLICIES: dict[str, list[dict[str, object]]] = {
     **e2e.POLICIES,
     "one_per_process": [{"name": "bench-fixed", "algorithm": "fixed_window",
                          "limit": 1_000_000_000, "key": "ip", "counting": "per_process"}],
+    # requests in flight: a slot taken in the decision's call, released after the response
+    "concurrency": [{"name": "bench-inflight", "algorithm": "concurrency",
+                     "limit": 1_000_000, "key": "global"}],
 }
 
 
@@ -69,6 +72,7 @@ PER_PROCESS_3 = "/hello/, 3 per_process policies (section 3's (b''))"
 FLOOD = "/hello/, a refused client answered from the deny cache (429)"
 THREE = "/hello/, 3 policies decided in Redis"
 LEASED = "/hello/, 1 policy leasing 100 units at a time"
+CONCURRENCY = "/hello/, 1 concurrency policy (its slot released after the response)"
 DRF = "/api/items/, middleware + PolicyThrottle, 3 policies"
 DRF_OWN = "/api/items/, DRF's own Anon + UserRateThrottle"
 COMPAT_DRF = "/api/items/, ratelimits.compat.drf Anon + UserRateThrottle"
@@ -86,6 +90,7 @@ CASES = [
     Case(FLOOD, "ours", "/hello/", "flood", 429, NONE_HELLO),
     Case(THREE, "ours", "/hello/", "three", 200, NONE_HELLO),
     Case(LEASED, "ours", "/hello/", "leased", 200, NONE_HELLO),
+    Case(CONCURRENCY, "ours", "/hello/", "concurrency", 200, NONE_HELLO),
     Case(NONE_API, "none", "/api/items/", "three", 200, NONE_API),
     Case(DRF, "ours", "/api/items/", "three", 200, NONE_API),
     Case(DRF_OWN, "drf", "/api/items/", "three", 200, NONE_API),
