@@ -291,7 +291,7 @@ class AsyncWire:
     idle timeout) or that holds data no call asked for is connected again. A command
     that fails, times out or is cancelled half-way leaves its connection disconnected by
     redis-py (a reply may be unread), and the wire connects it again before its next
-    command. Commands with a reply callback take the client's own path.
+    command. `perform` sends commands with a reply callback on the client's own path.
     """
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
@@ -312,9 +312,8 @@ class AsyncWire:
         return await self.pipeline(need.commands)
 
     async def call(self, args: tuple[Any, ...]) -> Any:
-        """Send one command and await its reply: `await client.execute_command(*args)`."""
-        if args[0] in self.callbacks:
-            return await self.client.execute_command(*args)  # type: ignore[no-untyped-call]
+        """Send one command that has no reply callback (FCALL, EVALSHA, GET ...) and await
+        its reply: `Wire.call`, awaited."""
         return await self._timed((args,), None)
 
     async def pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -88,7 +88,8 @@ def test_commands_answer_what_execute_command_answers(redis_url):
         wire = AsyncWire(client)
         await client.delete("wire:n", "wire:p")
         await client.set("wire:k", "v")
-        assert await wire.call(("PING",)) is True  # a reply callback: the client's path
+        # a reply callback: the client's path
+        assert await wire.perform(Command("PING")) is True
         assert await wire.call(("GET", "wire:k")) == b"v"  # no callback: raw, as redis-py
         kept = list(wire.idle)
         with pytest.raises(redis.ResponseError):
